@@ -1,0 +1,108 @@
+"""The streaming loop: source tensor -> quantize -> target layout -> writer, one fused group at a time.
+
+Only the tensors of one group (at most gate+up of one layer) are resident; everything else is a
+thunk in the source. The writer makes the file appear atomically at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ninfer_format import ArtifactWriter, dequantize, entry_sha256
+from ninfer_format.constants import DTYPE_NAMES
+from ninfer_format.layouts import apply_layout
+from ninfer_registry import RegistryEntry, scheme_classes
+
+from .plan import PlannedTensor, build_plan, stored_bytes
+from .quant import global_scale_of, quantize_tensor
+
+TensorThunk = Callable[[], torch.Tensor]
+
+
+@dataclass
+class ErrorStats:
+    """Per-class quantization error: sums for a size-weighted relative RMS error, and the worst case."""
+
+    tensors: int = 0
+    sq_err: float = 0.0
+    sq_ref: float = 0.0
+    max_abs: float = 0.0
+
+    def add(self, ref: torch.Tensor, approx: torch.Tensor) -> None:
+        diff = approx.float() - ref.float()
+        self.tensors += 1
+        self.sq_err += float(diff.double().square().sum())
+        self.sq_ref += float(ref.double().square().sum())
+        self.max_abs = max(self.max_abs, float(diff.abs().max()) if diff.numel() else 0.0)
+
+    @property
+    def rel_rms(self) -> float:
+        return (self.sq_err / self.sq_ref) ** 0.5 if self.sq_ref else 0.0
+
+
+@dataclass
+class PackResult:
+    path: Path
+    tensors: int
+    bytes_out: int
+    bytes_bf16: int
+    seconds: float
+    errors: dict[str, ErrorStats] = field(default_factory=dict)
+
+
+def manifest_header(entry: RegistryEntry, config: dict, parts: tuple[str, ...], profile: str,
+                    classes: dict[str, dict], target: str, provenance: dict) -> dict:
+    return {
+        "model": {"registry_id": entry.id, "registry_sha256": entry_sha256(entry.resolved), "family": entry.family,
+                  "parts": list(parts), "registry_entry": entry.resolved},
+        "quantization": {"profile": profile, "classes": classes},
+        "target": target,
+        "config": config,
+        "provenance": provenance,
+    }
+
+
+def pack(entry: RegistryEntry, config: dict, tensors: dict[str, TensorThunk], source_dtypes: dict[str, torch.dtype],
+         out: Path, *, profile: str, target: str, parts: tuple[str, ...], blobs: dict[str, bytes], provenance: dict,
+         class_overrides: dict[str, str] | None = None, device: str = "cpu", overwrite: bool = False,
+         measure_error: bool = True, compress_blobs: bool = True, progress: Callable[[PlannedTensor, int], None] | None = None) -> PackResult:
+    """Compile one checkpoint into `out`. `tensors` maps each expected name to a loader thunk."""
+    start = time.perf_counter()
+    classes = scheme_classes(entry, profile, class_overrides)
+    dtypes = {name: DTYPE_NAMES[dt] for name, dt in source_dtypes.items()}
+    planned = build_plan(entry, config, parts, classes, target, dtypes)
+    header = manifest_header(entry, config, parts, profile, classes, target, provenance)
+    result = PackResult(out, len(planned), 0, 0, 0.0)
+    by_name = {p.plan.name: p for p in planned}
+    with ArtifactWriter(out, header, blobs, [p.plan for p in planned], overwrite=overwrite,
+                       compress_blobs=compress_blobs) as writer:
+        i = 0
+        while i < len(planned):
+            members = planned[i].group
+            weights = {name: tensors[name]().to(device) for name in members}
+            s2 = None
+            if len(members) > 1 and planned[i].plan.scheme["kind"] == "nvfp4":
+                s2 = global_scale_of(list(weights.values()), list(members))
+            for name in members:
+                p, w = by_name[name], weights.pop(name)
+                logical = quantize_tensor(p.plan.scheme, w, name, s2)
+                kind = p.plan.scheme["kind"]
+                stored = {role: apply_layout(target, kind, role, t) for role, t in logical.items()}
+                writer.write(name, stored)
+                if measure_error:
+                    stats = result.errors.setdefault(p.expected.tensor_class, ErrorStats())
+                    stats.add(w, dequantize(p.plan.scheme, p.plan.logical_shape, logical))
+                nbytes = stored_bytes(p.plan.parts)
+                result.bytes_out += nbytes
+                result.bytes_bf16 += 2 * w.numel()
+                if progress:
+                    progress(p, 2 * w.numel())
+                del w, logical, stored
+            i += len(members)
+    result.seconds = time.perf_counter() - start
+    return result
