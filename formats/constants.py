@@ -50,6 +50,12 @@ OPTIONAL_ROLES: dict[str, tuple[str, ...]] = {"int": ("zero_point",)}
 ROLES = ("data", "qweight", "block_scale", "global_scale", "scale", "zero_point")
 
 BLOB_COMPRESSIONS = ("none", "zstd")
+# The files an artifact may embed beside its tensors (closed set: a reader refuses any other name).
+BLOB_NAMES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "chat_template.jinja", "chat_template.json", "generation_config.json", "preprocessor_config.json",
+    "video_preprocessor_config.json",
+)
 MAX_BLOB_BYTES = 256 * 1024 * 1024
 
 MANIFEST_KEYS = (

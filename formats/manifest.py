@@ -196,6 +196,8 @@ def _blob(obj, index: int) -> Blob:
         raise FormatError(f"manifest: {where} must be an object")
     _exact_keys(obj, {"name", "compression", "offset", "length", "raw_length", "checksum"}, where)
     name = check_name(obj["name"], where)
+    if name not in C.BLOB_NAMES:
+        raise FormatError(f"manifest: {where} has unknown blob name {name!r} (allowed: {', '.join(C.BLOB_NAMES)})")
     compression = _get(obj, "compression", str, f"blob {name}")
     if compression not in C.BLOB_COMPRESSIONS:
         raise FormatError(f"manifest: blob {name} has unknown compression {compression!r:.40}")

@@ -14,6 +14,7 @@ import operator
 from dataclasses import dataclass
 
 _MAX_VALUE = 1 << 40
+_MAX_REPEAT = 4096  # layers / blocks per rule; a larger count is a corrupt config, not a model
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 
 
@@ -80,21 +81,30 @@ def evaluate(expr: str | int, config: dict, scopes: dict[str, str], index: int |
 
 
 def layer_type(entry: dict, index: int) -> str:
-    pattern = entry.get("layer_pattern") or ["full_attention"]
+    """Layer i's type from the family's repeating pattern (e.g. 3 x linear_attention, full_attention)."""
+    pattern = entry.get("layer_pattern")
+    if not isinstance(pattern, list) or not pattern or not all(isinstance(p, str) for p in pattern):
+        raise RuleError("registry entry has no valid layer_pattern")
     return pattern[index % len(pattern)]
 
 
 def expand(entry: dict, config: dict, parts: tuple[str, ...] | list[str]) -> dict[str, ExpectedTensor]:
     """All tensors the model must have for the given parts, keyed by name, in rule order."""
-    scopes = entry.get("scopes", {})
+    scopes = entry.get("scopes")
+    rules = entry.get("tensors")
+    if not isinstance(scopes, dict) or not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+        raise RuleError("registry entry lacks valid 'scopes' and 'tensors'")
     out: dict[str, ExpectedTensor] = {}
-    for rule in entry["tensors"]:
+    for rule in rules:
         if rule["part"] not in parts:
             continue
         if "when" in rule and not _condition(rule["when"], config, scopes):
             continue
         repeat = rule.get("repeat")
-        indices = [None] if repeat is None else range(evaluate(repeat, config, scopes))
+        count = None if repeat is None else evaluate(repeat, config, scopes)
+        if count is not None and not 0 <= count <= _MAX_REPEAT:
+            raise RuleError(f"{rule['name']}: repeat count {count} is out of range [0, {_MAX_REPEAT}]")
+        indices = [None] if count is None else range(count)
         for i in indices:
             if i is not None and "layer_type" in rule and layer_type(entry, i) != rule["layer_type"]:
                 continue

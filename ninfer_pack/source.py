@@ -17,12 +17,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-ALLOW_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
-                  "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                  "chat_template.jinja", "chat_template.json", "preprocessor_config.json", "video_preprocessor_config.json"]
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "chat_template.jinja", "chat_template.json", "generation_config.json", "preprocessor_config.json",
-                   "video_preprocessor_config.json"]
+from ninfer_format.constants import BLOB_NAMES
+
+ALLOW_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", *BLOB_NAMES]
 _ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
               "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}

@@ -1,0 +1,43 @@
+"""Shared fixtures: golden artifacts, manifest surgery helpers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from ninfer_format import constants as C
+from ninfer_format.writer import encode_preamble
+
+GOLDEN = Path(__file__).resolve().parent.parent / "formats" / "golden"
+GOLDEN_STEMS = ["golden-bf16-linear", "golden-nvfp4-sm_120a", "golden-int4-asym-sm_90a"]
+
+
+@pytest.fixture
+def golden_copy(tmp_path):
+    """Copy a golden artifact into tmp_path (tests mutate the copy)."""
+
+    def copy(stem: str = "golden-nvfp4-sm_120a") -> Path:
+        dst = tmp_path / f"{stem}.ninfer"
+        shutil.copy(GOLDEN / f"{stem}.ninfer", dst)
+        return dst
+
+    return copy
+
+
+def split(raw: bytes) -> tuple[dict, bytes, int]:
+    """-> (manifest JSON object, data section bytes, data offset)."""
+    _, _, _, _, m_len, d_off, _, _, _ = struct.unpack("<8sIIQQQQQQ", raw[:64])
+    return json.loads(raw[64 : 64 + m_len]), raw[d_off:], d_off
+
+
+def rebuild(manifest: dict | bytes, data: bytes, data_offset: int | None = None) -> bytes:
+    """Assemble a file around a (possibly forged) manifest with correct hashes, so the parser sees it."""
+    body = manifest if isinstance(manifest, bytes) else json.dumps(manifest, separators=(",", ":")).encode()
+    d_off = data_offset or -(-(64 + len(body)) // C.SECTION_ALIGNMENT) * C.SECTION_ALIGNMENT
+    pre = encode_preamble(len(body), d_off, len(data), xxhash.xxh3_64_intdigest(body))
+    return pre + body + b"\0" * (d_off - 64 - len(body)) + data
