@@ -6,6 +6,7 @@ For W [N, K] (K % 16 == 0), in float32:
     s8    = e4m3(clamp(s, 2**-9, 448))               round-to-nearest-even
     y     = W / (float(s8) * s2)
     code  = sign(y) << 3 | rne_e2m1(|y|)             ties to even; > 6 saturates to 6; -0 -> +0
+An all-zero tensor (group) gets s2 = 1, where ModelOpt would divide by zero.
 Tensors fused at run time (q/k/v, gate/up, in_proj_qkv/z) pass one shared s2 (`global_scale_of`),
 as ModelOpt and vLLM require. The work runs over row chunks so temporaries stay cache-sized and
 memory stays bounded whatever the tensor size; CPU and CUDA give the same bytes.
@@ -39,6 +40,8 @@ def global_scale_of(tensors: list[torch.Tensor], names: list[str] | None = None)
     """Shared decode-direction global scale s2 = max amax / 2688, float32 scalar on the CPU."""
     names = names or ["weight"] * len(tensors)
     amax = torch.stack([abs_max(t, n).cpu() for t, n in zip(tensors, names)]).amax()
+    if amax == 0:  # all zeros: any positive s2 decodes to 0 (ModelOpt would produce NaN scales here)
+        return torch.tensor(1.0)
     return amax / (FP4_MAX * FP8_E4M3_MAX)
 
 
