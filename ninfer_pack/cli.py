@@ -14,6 +14,7 @@ import typer
 import ninfer_registry
 from ninfer_format import Artifact, FormatError
 
+from .build import PackOptions, run_pack
 from .verify import verify_artifact
 
 app = typer.Typer(
@@ -36,6 +37,42 @@ def _human_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return str(n)
+
+
+@app.command("pack")
+def pack_cmd(
+    model_id: str = typer.Argument(..., help="registry id (see `ninfer-pack list`), e.g. qwen3.8-27b"),
+    profile: str = typer.Option(..., "--profile", "-p", help="nvfp4 | int4 | int4-asym | int8 | bf16"),
+    target: str = typer.Option("sm_120a", "--target", "-t", help="sm_120a (RTX 5090) | sm_90a (H100/H200) | linear"),
+    source: Path | None = typer.Option(None, "--source", help="local checkpoint folder (else the HF cache / hub)"),
+    revision: str | None = typer.Option(None, "--revision", help="HF revision (branch, tag or commit)"),
+    output: Path | None = typer.Option(None, "-o", "--output", help="output file [MODEL-PROFILE-TARGET.ninfer]"),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda: where to quantize (same bytes either way)"),
+    lm_head: str | None = typer.Option(None, "--lm-head", help="scheme for lm_head (default: the profile's, bf16)"),
+    vision: bool = typer.Option(True, "--vision/--no-vision", help="pack the vision tower when the model has one"),
+    mtp: bool = typer.Option(True, "--mtp/--no-mtp", help="pack the MTP draft head when the model has one"),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing output file"),
+    as_json: bool = typer.Option(False, "--json", help="no progress bar; print a JSON summary"),
+) -> None:
+    """Compile a registered checkpoint into one .ninfer file (streaming, atomic, verified on the way)."""
+    opts = PackOptions(model_id=model_id, profile=profile, target=target, source=source, revision=revision,
+                       output=output, device=device, lm_head=lm_head, vision=vision, mtp=mtp, force=force,
+                       progress=not as_json and sys.stderr.isatty())
+    try:
+        summary = run_pack(opts)
+    except KeyboardInterrupt:
+        _fail("interrupted; no output was written", 130)
+    except Exception as err:  # noqa: BLE001 - the CLI boundary: one line, never a traceback
+        _fail(str(err) or type(err).__name__)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=1))
+        return
+    typer.echo(f"wrote {summary['output']}: {_human_bytes(summary['file_bytes'])} "
+               f"({summary['compression_vs_bf16']:.2f}x smaller than bf16), {summary['tensors']} tensors "
+               f"in {summary['seconds']:.1f} s ({summary['mb_per_s']:.0f} MB/s of bf16 input)")
+    for cls, stats in sorted(summary["error_by_class"].items()):
+        typer.echo(f"  {cls:<14} {stats['tensors']:>5} tensors  rel RMS error {stats['rel_rms']:.4f}  "
+                   f"max abs error {stats['max_abs']:.3g}")
 
 
 @app.command("list")

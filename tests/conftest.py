@@ -41,3 +41,12 @@ def rebuild(manifest: dict | bytes, data: bytes, data_offset: int | None = None)
     d_off = data_offset or -(-(64 + len(body)) // C.SECTION_ALIGNMENT) * C.SECTION_ALIGNMENT
     pre = encode_preamble(len(body), d_off, len(data), xxhash.xxh3_64_intdigest(body))
     return pre + body + b"\0" * (d_off - 64 - len(body)) + data
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """Real tiny HF checkpoints (transformers' own classes), built once per test session."""
+    from make_tiny_checkpoint import build
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {model_id: build(model_id, root / model_id) for model_id in ("tiny-qwen3.5", "tiny-qwen3")}

@@ -1,0 +1,142 @@
+"""Build real tiny Hugging Face checkpoints of the registered families, exactly as users have them.
+
+    python tools/make_tiny_checkpoint.py tiny-qwen3.5 out/tiny-qwen3.5
+    python tools/make_tiny_checkpoint.py tiny-qwen3 out/tiny-qwen3
+
+The model comes from transformers' own classes (Qwen3_5ForConditionalGeneration / Qwen3ForCausalLM)
+with random weights, cast to bf16 and written by `save_pretrained` as sharded safetensors + index.
+The MTP weights transformers does not model are added under the names real checkpoints use
+(`mtp.*`, shapes from the registry), into the last shard. A small byte-level BPE tokenizer with
+Qwen's special tokens is trained locally with `tokenizers`; the chat template is the one Qwen3.5
+checkpoints ship. Configs come from the registry's test-only entries, so the fixtures always
+satisfy the same closed-set checks as the real models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ninfer_format.rules import expand
+from ninfer_registry import RegistryEntry, load
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+                  "<tool_response>", "</tool_response>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                  "<|video_pad|>"]
+_WORDS = ("the model reads a long prompt and writes code def return import class self value list dict for in if "
+          "else while function call tool result file path error test assert print json string number true false "
+          "agent user assistant system request response token cache prefix decode prefill kernel tensor layer").split()
+
+
+def _corpus(lines: int = 4000) -> list[str]:
+    state, out = 12345, []
+    for i in range(lines):
+        words = []
+        for _ in range(6 + i % 9):
+            state = (1103515245 * state + 12345) & 0x7FFFFFFF
+            words.append(_WORDS[state % len(_WORDS)])
+        out.append(" ".join(words) + (f" {i} = {i * 7 % 97};" if i % 3 == 0 else "."))
+    return out
+
+
+def train_tokenizer(vocab_size: int, out_dir: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer)
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "bos_token": None, "unk_token": None, "clean_up_tokenization_spaces": False,
+    }, indent=2))
+    (out_dir / "chat_template.jinja").write_text((FIXTURES / "qwen3_5_chat_template.jinja").read_text())
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    """Weights that make a tiny model's logits informative: fan-in scaled linears, non-trivial norms."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
+            elif name.endswith("A_log"):
+                p.copy_(torch.rand(p.shape, generator=g) * 2.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+
+
+def _hf_model(entry: RegistryEntry):
+    import transformers
+
+    cfg = entry.expected_config()
+    if entry.family == "qwen3_5_hybrid":
+        top = {k: v for k, v in cfg.items() if not isinstance(v, dict)}
+        top.pop("model_type")
+        config = transformers.Qwen3_5Config(text_config=cfg["text_config"], vision_config=cfg["vision_config"], **top)
+        config.text_config.output_gate_type = "swish"
+        return transformers.Qwen3_5ForConditionalGeneration(config)
+    if entry.family == "qwen3_dense":
+        return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{k: v for k, v in cfg.items() if k != "model_type"}))
+    raise ValueError(f"no tiny builder for family {entry.family}")
+
+
+def _add_mtp(entry: RegistryEntry, out_dir: Path, seed: int) -> None:
+    config = json.loads((out_dir / "config.json").read_text())
+    mtp = {n: t for n, t in expand(entry.resolved, config, ("mtp",)).items()}
+    if not mtp:
+        return
+    g = torch.Generator().manual_seed(seed + 1)
+    index_path = out_dir / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    last = sorted(set(index["weight_map"].values()))[-1]
+    tensors = load_file(out_dir / last)
+    for name, t in mtp.items():
+        scale = 1 / math.sqrt(t.shape[1]) if len(t.shape) == 2 else 0.1
+        tensors[name] = (torch.randn(t.shape, generator=g) * scale).to(torch.bfloat16)
+        index["weight_map"][name] = last
+    save_file(tensors, out_dir / last, metadata={"format": "pt"})
+    index["metadata"]["total_size"] = sum(
+        sum(v.numel() * v.element_size() for v in load_file(out_dir / s).values()) for s in set(index["weight_map"].values()))
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True))
+
+
+def build(model_id: str, out_dir: Path, seed: int = 0, max_shard_size: str = "200KB") -> Path:
+    entry = load(model_id)
+    if not entry.test_only:
+        raise ValueError(f"{model_id} is a real model; tiny checkpoints are built for test-only entries")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = _hf_model(entry)
+    _randomize(model, seed)
+    model.to(torch.bfloat16).save_pretrained(out_dir, max_shard_size=max_shard_size)
+    if not (out_dir / "model.safetensors.index.json").exists():
+        raise RuntimeError("expected a sharded checkpoint; lower max_shard_size")
+    _add_mtp(entry, out_dir, seed)
+    vocab = entry.expected_config().get("text_config", entry.expected_config())["vocab_size"]
+    train_tokenizer(vocab, out_dir)
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_id", help="a test-only registry id, e.g. tiny-qwen3.5")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(build(args.model_id, args.out_dir, args.seed))
+
+
+if __name__ == "__main__":
+    main()
