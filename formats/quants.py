@@ -127,18 +127,47 @@ def dequantize_int(qweight, scale, zero_point, bits: int, group_size: int, logic
     if zero_point is None:
         z = torch.zeros(n, groups, dtype=torch.int32, device=q.device)
     else:
-        z = unpack_int32(zero_point, bits, 0, n) if bits == 4 else zero_point.to(torch.int32)
+        z = unpack_int32(zero_point, bits, 0, zero_point.shape[0] * 8)[:n] if bits == 4 else zero_point.to(torch.int32)
     q = q.view(n, groups, group_size).float() - z.float().unsqueeze(-1)
     return (q * scale.float().unsqueeze(-1)).view(n, k)
 
 
+def row_slices(scheme: dict, logical_shape, parts: dict[str, torch.Tensor], max_elements: int = 1 << 22):
+    """Yield (start, stop, parts of rows start:stop) so a tensor can be decoded a slab at a time.
+
+    Slabs hold at most `max_elements` values (at least 8 rows: int4 zero points pack 8 rows a word),
+    which keeps verification and error statistics bounded in memory for any tensor size.
+    """
+    n = logical_shape[0] if logical_shape else 1
+    per_row = 1
+    for d in logical_shape[1:]:
+        per_row *= d
+    step = max(8, max_elements // max(per_row, 1) // 8 * 8)
+    if not logical_shape or scheme["kind"] == "plain" and len(logical_shape) == 1:
+        yield 0, n, parts
+        return
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        sliced = {}
+        for role, t in parts.items():
+            if role == "global_scale":
+                sliced[role] = t
+            elif role == "zero_point" and scheme.get("bits") == 4:
+                sliced[role] = t[start // 8 : -(-stop // 8)]
+            else:
+                sliced[role] = t[start:stop]
+        yield start, stop, sliced
+
+
 def dequantize(scheme: dict, logical_shape, parts: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Logical (row-major) parts of one tensor -> float32 values."""
+    """Logical (row-major) parts of one tensor (or of a row slab from row_slices) -> float32 values."""
     kind = scheme["kind"]
     if kind == "plain":
         return parts["data"].float()
     if kind == "nvfp4":
         return dequantize_nvfp4(parts["qweight"], parts["block_scale"], parts["global_scale"])
+    rows = parts["qweight"].shape[0]
     return dequantize_int(
-        parts["qweight"], parts["scale"], parts.get("zero_point"), scheme["bits"], scheme["group_size"], logical_shape
+        parts["qweight"], parts["scale"], parts.get("zero_point"), scheme["bits"], scheme["group_size"],
+        (rows, logical_shape[1]),
     )

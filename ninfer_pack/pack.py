@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ninfer_format import ArtifactWriter, dequantize, entry_sha256
+from ninfer_format.quants import row_slices
 from ninfer_format.constants import DTYPE_NAMES
 from ninfer_format.layouts import apply_layout
 from ninfer_registry import RegistryEntry, scheme_classes
@@ -33,12 +34,15 @@ class ErrorStats:
     sq_ref: float = 0.0
     max_abs: float = 0.0
 
-    def add(self, ref: torch.Tensor, approx: torch.Tensor) -> None:
-        diff = approx.float() - ref.float()
+    def add(self, scheme: dict, shape: tuple[int, ...], parts: dict[str, torch.Tensor], ref: torch.Tensor) -> None:
+        """Accumulate one tensor's error, decoding it a row slab at a time (bounded memory)."""
         self.tensors += 1
-        self.sq_err += float(diff.double().square().sum())
-        self.sq_ref += float(ref.double().square().sum())
-        self.max_abs = max(self.max_abs, float(diff.abs().max()) if diff.numel() else 0.0)
+        for r0, r1, slab in row_slices(scheme, shape, parts):
+            x = ref[r0:r1].float() if ref.ndim else ref.float()
+            diff = dequantize(scheme, (r1 - r0, *shape[1:]), slab).reshape(x.shape) - x
+            self.sq_err += float(diff.double().square().sum())
+            self.sq_ref += float(x.double().square().sum())
+            self.max_abs = max(self.max_abs, float(diff.abs().max()) if diff.numel() else 0.0)
 
     @property
     def rel_rms(self) -> float:
@@ -96,7 +100,7 @@ def pack(entry: RegistryEntry, config: dict, tensors: dict[str, TensorThunk], so
                 writer.write(name, stored)
                 if measure_error:
                     stats = result.errors.setdefault(p.expected.tensor_class, ErrorStats())
-                    stats.add(w, dequantize(p.plan.scheme, p.plan.logical_shape, logical))
+                    stats.add(p.plan.scheme, p.plan.logical_shape, logical, w)
                 nbytes = stored_bytes(p.plan.parts)
                 result.bytes_out += nbytes
                 result.bytes_bf16 += 2 * w.numel()

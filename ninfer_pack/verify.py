@@ -13,6 +13,7 @@ import torch
 
 import ninfer_registry
 from ninfer_format import Artifact, FormatError, dequantize
+from ninfer_format.quants import row_slices
 
 from .source import SourceError, open_checkpoint
 
@@ -55,13 +56,17 @@ def _numeric_check(a: Artifact, source: Path) -> dict:
             failures.append(f"{t.name}: source shape {list(ref.shape)} != artifact {list(t.logical_shape)}")
             continue
         parts = a.logical_parts(t.name)
-        err = (dequantize(t.scheme, t.logical_shape, parts) - ref.float()).abs()
-        bound = error_bound(t.scheme, parts, ref)
-        ratio = float((err / bound).max()) if err.numel() else 0.0
+        ratio, err_max = 0.0, 0.0
+        for r0, r1, slab in row_slices(t.scheme, t.logical_shape, parts):
+            x = ref[r0:r1] if ref.ndim else ref
+            err = (dequantize(t.scheme, (r1 - r0, *t.logical_shape[1:]), slab).reshape(x.shape) - x.float()).abs()
+            if err.numel():
+                ratio = max(ratio, float((err / error_bound(t.scheme, slab, x)).max()))
+                err_max = max(err_max, float(err.max()))
         worst = max(worst, ratio)
         checked += 1
         if ratio > 1.0:
-            failures.append(f"{t.name}: error {float(err.max()):.3g} exceeds the {t.scheme['kind']} bound ({ratio:.2f}x)")
+            failures.append(f"{t.name}: error {err_max:.3g} exceeds the {t.scheme['kind']} bound ({ratio:.2f}x)")
     detail = f"{checked} tensors within bound (worst {worst:.2f} of bound)" if not failures else "; ".join(failures[:5])
     return {"name": "numeric", "ok": not failures, "detail": detail, "problems": failures}
 

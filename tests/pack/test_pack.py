@@ -117,3 +117,26 @@ def test_cuda_quantization_gives_the_same_bytes(tiny_checkpoints, tmp_path):
                 for role, t in a.stored_parts(name).items():
                     u = b.stored_parts(name)[role]
                     assert torch.equal(t.reshape(-1).view(torch.uint8), u.reshape(-1).view(torch.uint8)), (name, role)
+
+
+def test_verify_source_catches_a_different_checkpoint(tiny_checkpoints, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = tiny_checkpoints["tiny-qwen3"]
+    out = tmp_path / "m.ninfer"
+    assert pack(["tiny-qwen3", "-p", "nvfp4", "--source", str(src), "-o", str(out)]).exit_code == 0
+    other = tmp_path / "other"
+    shutil.copytree(src, other)
+    index = json.loads((other / "model.safetensors.index.json").read_text())
+    name = "model.layers.0.mlp.down_proj.weight"
+    shard = other / index["weight_map"][name]
+    tensors = load_file(shard)
+    tensors[name] = tensors[name].clone()
+    tensors[name][3, 7] += 1.0
+    save_file(tensors, shard, metadata={"format": "pt"})
+    v = runner.invoke(app, ["verify", str(out), "--source", str(other), "--json"])
+    report = json.loads(v.output)
+    numeric = next(c for c in report["checks"] if c["name"] == "numeric")
+    assert v.exit_code == 1 and not numeric["ok"] and name in numeric["detail"]

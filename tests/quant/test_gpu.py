@@ -1,0 +1,34 @@
+"""Quantizing on the GPU gives the same bytes as on the CPU (run with `pytest -m gpu` on a CUDA box)."""
+
+import pytest
+import torch
+
+from ninfer_pack.quant import quantize_int, quantize_nvfp4
+
+pytestmark = pytest.mark.gpu
+
+
+def _fresh(shape):
+    w = torch.randn(shape) * 0.02
+    w[0, :16] = 0.0
+    w[1, :5] = -0.0
+    w[2] *= 100
+    return w.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("shape", [(1024, 4096), (257, 4112), (5120, 17408)])
+def test_nvfp4_cuda_equals_cpu(shape):
+    w = _fresh(shape)
+    q, s8, s2 = quantize_nvfp4(w)
+    qc, s8c, s2c = quantize_nvfp4(w.cuda())
+    assert torch.equal(q, qc.cpu()) and torch.equal(s8.view(torch.uint8), s8c.cpu().view(torch.uint8))
+    assert torch.equal(s2, s2c.cpu())
+
+
+@pytest.mark.parametrize("bits,symmetric", [(4, True), (4, False), (8, True), (8, False)])
+def test_int_cuda_equals_cpu(bits, symmetric):
+    w = _fresh((1000, 2048))
+    cpu = quantize_int(w, bits, 128, symmetric)
+    gpu = quantize_int(w.cuda(), bits, 128, symmetric)
+    for role in cpu:
+        assert torch.equal(cpu[role], gpu[role].cpu()), role
