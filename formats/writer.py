@@ -78,8 +78,8 @@ class ArtifactWriter:
         self._blob_bytes: list[bytes] = []
         self._compress = compress_blobs
         self.manifest = self._build_manifest(header, blobs)
-        manifest_len = len(self._manifest_json())
-        self._data_offset = _align(C.PREAMBLE_SIZE + manifest_len, C.SECTION_ALIGNMENT)
+        self._manifest_len = len(self._manifest_json())
+        self._data_offset = _align(C.PREAMBLE_SIZE + self._manifest_len, C.SECTION_ALIGNMENT)
         self._data_len = _align(self._offset, C.SECTION_ALIGNMENT)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         self._tmp = Path(tmp)
@@ -171,6 +171,9 @@ class ArtifactWriter:
         pos = self._file.tell() - self._data_offset
         self._file.write(b"\0" * (self._data_len - pos))
         manifest = self._manifest_json()
+        if len(manifest) != self._manifest_len:
+            raise FormatError(f"manifest changed length while writing ({self._manifest_len} -> {len(manifest)} bytes); "
+                              "only fixed-width fields (checksums, sha256 digests) may be filled in late")
         preamble = encode_preamble(len(manifest), self._data_offset, self._data_len, xxhash.xxh3_64_intdigest(manifest))
         self._file.seek(0)
         self._file.write(preamble + manifest + b"\0" * (self._data_offset - C.PREAMBLE_SIZE - len(manifest)))

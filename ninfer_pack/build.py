@@ -7,6 +7,8 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,15 +53,24 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _provenance(ckpt: Checkpoint, source_label: str) -> dict:
+def _provenance(ckpt: Checkpoint, source_label: str, pool: ThreadPoolExecutor) -> tuple[dict, Callable[[dict], None]]:
+    """Provenance with sha256 placeholders, and a hook that fills them in from hashes computed in
+    `pool` while the pack runs (hashing 50 GB of shards up front would cost a whole extra pass)."""
     files = ["config.json", "model.safetensors.index.json", *[s.name for s in ckpt.shards()], *BLOB_NAMES]
     present = [ckpt.root / f for f in dict.fromkeys(files) if (ckpt.root / f).is_file()]
-    return {
+    digests = [pool.submit(_sha256, p) for p in present]
+    prov = {
         "ninfer_version": __version__,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source": source_label,
-        "source_files": [{"name": p.name, "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in present],
+        "source_files": [{"name": p.name, "bytes": p.stat().st_size, "sha256": "0" * 64} for p in present],
     }
+
+    def fill(manifest: dict) -> None:
+        for entry, digest in zip(manifest["provenance"]["source_files"], digests):
+            entry["sha256"] = digest.result()
+
+    return prov, fill
 
 
 def _clean_stale_temps(out: Path) -> None:
@@ -97,7 +108,9 @@ def run_pack(opts: PackOptions) -> dict:
         raise FileNotFoundError(f"output directory {out.parent} does not exist")
     _clean_stale_temps(out)
     blobs = {name: (root / name).read_bytes() for name in BLOB_NAMES if (root / name).is_file()}
-    provenance = _provenance(ckpt, opts.source.as_posix() if opts.source else f"hf:{entry.hf_repo}@{opts.revision or 'main'}")
+    pool = ThreadPoolExecutor(max_workers=1)
+    label = opts.source.as_posix() if opts.source else f"hf:{entry.hf_repo}@{opts.revision or 'main'}"
+    provenance, fill_digests = _provenance(ckpt, label, pool)
     wanted = expand(entry.resolved, ckpt.config, parts)
     total = sum(_numel(t.shape) for t in wanted.values())
     bar = tqdm(total=2 * total, unit="B", unit_scale=True, desc=f"pack {entry.id}", disable=not opts.progress)
@@ -107,10 +120,11 @@ def run_pack(opts: PackOptions) -> dict:
         result = pack(entry, ckpt.config, {n: ckpt.loader(n) for n in wanted},
                       {n: ckpt.tensors[n].dtype for n in wanted}, out, profile=opts.profile, target=opts.target,
                       parts=parts, blobs=blobs, provenance=provenance, class_overrides=overrides, device=opts.device,
-                      overwrite=opts.force, progress=lambda p, nbytes: (bar.update(nbytes), bar.set_postfix_str(p.plan.name[-40:])))
+                      overwrite=opts.force, before_close=fill_digests, progress=lambda p, nbytes: (bar.update(nbytes), bar.set_postfix_str(p.plan.name[-40:])))
     finally:
         signal.signal(signal.SIGTERM, previous)
         bar.close()
+        pool.shutdown(cancel_futures=True)
     file_bytes = out.stat().st_size
     return {
         "output": str(out), "model": entry.id, "profile": opts.profile, "target": opts.target, "parts": list(parts),

@@ -25,6 +25,19 @@ from .quant import global_scale_of, quantize_tensor
 TensorThunk = Callable[[], torch.Tensor]
 
 
+_WIDTH = {torch.bfloat16: (8, 8), torch.float16: (11, 5), torch.float32: (24, 8), torch.float64: (53, 11)}
+
+
+def _exact_cast(src: torch.dtype, dst: torch.dtype) -> bool:
+    """True when every src value is representable in dst (same dtype, or more mantissa and exponent)."""
+    return src == dst or all(d >= s for s, d in zip(_WIDTH[src], _WIDTH[dst]))
+
+
+def _sq_norm(x: torch.Tensor) -> float:
+    flat = x.reshape(-1)
+    return float(torch.dot(flat, flat)) if flat.numel() else 0.0
+
+
 @dataclass
 class ErrorStats:
     """Per-class quantization error: sums for a size-weighted relative RMS error, and the worst case."""
@@ -37,11 +50,14 @@ class ErrorStats:
     def add(self, scheme: dict, shape: tuple[int, ...], parts: dict[str, torch.Tensor], ref: torch.Tensor) -> None:
         """Accumulate one tensor's error, decoding it a row slab at a time (bounded memory)."""
         self.tensors += 1
+        if scheme["kind"] == "plain" and _exact_cast(ref.dtype, parts["data"].dtype):
+            self.sq_ref += _sq_norm(ref.float())
+            return  # widening or identical: the stored values are the source values
         for r0, r1, slab in row_slices(scheme, shape, parts):
             x = ref[r0:r1].float() if ref.ndim else ref.float()
             diff = dequantize(scheme, (r1 - r0, *shape[1:]), slab).reshape(x.shape) - x
-            self.sq_err += float(diff.double().square().sum())
-            self.sq_ref += float(x.double().square().sum())
+            self.sq_err += _sq_norm(diff)
+            self.sq_ref += _sq_norm(x)
             self.max_abs = max(self.max_abs, float(diff.abs().max()) if diff.numel() else 0.0)
 
     @property
@@ -74,8 +90,13 @@ def manifest_header(entry: RegistryEntry, config: dict, parts: tuple[str, ...], 
 def pack(entry: RegistryEntry, config: dict, tensors: dict[str, TensorThunk], source_dtypes: dict[str, torch.dtype],
          out: Path, *, profile: str, target: str, parts: tuple[str, ...], blobs: dict[str, bytes], provenance: dict,
          class_overrides: dict[str, str] | None = None, device: str = "cpu", overwrite: bool = False,
-         measure_error: bool = True, compress_blobs: bool = True, progress: Callable[[PlannedTensor, int], None] | None = None) -> PackResult:
-    """Compile one checkpoint into `out`. `tensors` maps each expected name to a loader thunk."""
+         measure_error: bool = True, compress_blobs: bool = True,
+         before_close: Callable[[dict], None] | None = None, progress: Callable[[PlannedTensor, int], None] | None = None) -> PackResult:
+    """Compile one checkpoint into `out`. `tensors` maps each expected name to a loader thunk.
+
+    `before_close(manifest)` may fill fixed-width fields (e.g. source sha256 digests computed in
+    parallel with packing) just before the manifest is finalized.
+    """
     start = time.perf_counter()
     classes = scheme_classes(entry, profile, class_overrides)
     dtypes = {name: DTYPE_NAMES[dt] for name, dt in source_dtypes.items()}
@@ -108,5 +129,7 @@ def pack(entry: RegistryEntry, config: dict, tensors: dict[str, TensorThunk], so
                     progress(p, 2 * w.numel())
                 del w, logical, stored
             i += len(members)
+        if before_close:
+            before_close(writer.manifest)
     result.seconds = time.perf_counter() - start
     return result

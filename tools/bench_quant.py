@@ -23,6 +23,7 @@ N, K = 17408, 5120
 CASES = {"nvfp4": lambda w: quantize_nvfp4(w), "int4-g128": lambda w: quantize_int(w, 4, 128, True)}
 
 
+
 def _time_cpu(fn, w, repeats: int) -> float:
     fn(w)
     best = float("inf")
@@ -74,6 +75,12 @@ def main() -> None:
         copy_gbps = 2 * buf.numel() / copy / 1e9
         results["copy_GB_per_s"] = copy_gbps
         print(f"device copy (read + write): {copy_gbps:.0f} GB/s")
+        for name, fn in CASES.items():
+            ref, got = fn(w), fn(wd)
+            ref, got = (ref[:2], got[:2]) if isinstance(ref, tuple) else (list(ref.values()), list(got.values()))
+            exact = all(torch.equal(a.reshape(-1).view(torch.uint8), b.cpu().reshape(-1).view(torch.uint8)) for a, b in zip(ref, got))
+            results.setdefault("cuda_bytes_equal_cpu", {})[name] = exact
+            print(f"{name}: CUDA bytes equal CPU bytes: {exact}")
         for name, fn in CASES.items():
             s = _time_cuda(fn, wd, max(args.repeats, 10))
             gbps = nbytes / s / 1e9

@@ -12,5 +12,5 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
+python3 -m pytest -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
 python3 tools/bench_quant.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_quant.log"

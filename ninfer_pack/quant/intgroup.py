@@ -18,14 +18,42 @@ import torch
 
 from ninfer_format.quants import pack_int32
 
+from .compiled import slab_function
 from .nvfp4 import abs_max
 
-_ROW_CHUNK_ELEMENTS = 1 << 18
+# Row slabs: cache-sized on the CPU; on a GPU large enough that kernel launches do not dominate.
+_ROW_CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 26}
 
 
 def _in(dtype: torch.dtype, x: torch.Tensor) -> torch.Tensor:
     """Round a float32 result to `dtype`, then widen again: one torch op in that dtype, on any device."""
     return x.to(dtype).float() if dtype in (torch.bfloat16, torch.float16) else x
+
+
+def int_slab(x: torch.Tensor, bits: int, group_size: int, symmetric: bool):
+    """Rows [R, K] (R a multiple of 8 except the last slab) -> (qweight, scale, zero_point or None) slabs."""
+    rows, k = x.shape
+    dt = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    g = x.float().view(rows, k // group_size, group_size)
+    lo = g.amin(-1).clamp(max=0)
+    hi = g.amax(-1).clamp(min=0)
+    if symmetric:
+        s = _in(dt, torch.maximum(lo.abs(), hi) / ((qmax - qmin) / 2))
+        z = torch.zeros_like(s)
+    else:
+        s = _in(dt, _in(dt, hi - lo) / (qmax - qmin))
+        z = torch.round(_in(dt, qmin - _in(dt, lo / s)).clamp(qmin, qmax))
+        z = torch.where(s == 0, torch.full_like(z, qmin), z)
+    s = torch.where(s == 0, torch.full_like(s, torch.finfo(dt).eps), s)
+    s = s.to(torch.bfloat16).float()  # scales are stored in bf16; q must be computed with the stored value
+    y = _in(dt, _in(dt, g / s.unsqueeze(-1)) + z.unsqueeze(-1))
+    q = torch.round(y.clamp(qmin, qmax)).view(rows, k).to(torch.int8)
+    qweight = pack_int32(q, 4, 1) if bits == 4 else q
+    zp = None
+    if not symmetric:
+        zp = pack_int32(z.to(torch.int8), 4, 0) if bits == 4 else z.to(torch.int8)
+    return qweight, s.to(torch.bfloat16), zp
 
 
 def quantize_int(w: torch.Tensor, bits: int, group_size: int, symmetric: bool, name: str = "weight"):
@@ -35,35 +63,17 @@ def quantize_int(w: torch.Tensor, bits: int, group_size: int, symmetric: bool, n
                          f"got {list(w.shape)}")
     abs_max(w, name)  # refuses NaN/Inf with the tensor's name
     n, k = w.shape
-    dt = w.dtype if w.dtype in (torch.bfloat16, torch.float16) else torch.float32
-    qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    eps = torch.finfo(dt).eps
-    groups = k // group_size
     per_word = 32 // bits if bits == 4 else 1
     qweight = torch.empty(n, k // per_word, dtype=torch.int32 if bits == 4 else torch.int8, device=w.device)
-    scale = torch.empty(n, groups, dtype=torch.bfloat16, device=w.device)
-    zp = None if symmetric else torch.empty(-(-n // per_word), groups, dtype=qweight.dtype, device=w.device)
-    rows = max(8, _ROW_CHUNK_ELEMENTS // k // 8 * 8)  # a multiple of 8: zero points pack 8 rows per word
+    scale = torch.empty(n, k // group_size, dtype=torch.bfloat16, device=w.device)
+    zp = None if symmetric else torch.empty(-(-n // per_word), k // group_size, dtype=qweight.dtype, device=w.device)
+    rows = max(8, _ROW_CHUNK_ELEMENTS[w.device.type] // k // 8 * 8)  # a multiple of 8: zero points pack 8 rows per word
+    slab = slab_function(int_slab, w.device.type)
     for r0 in range(0, n, rows):
-        x = w[r0 : r0 + rows].float().view(-1, groups, group_size)
-        lo = x.amin(-1).clamp(max=0)
-        hi = x.amax(-1).clamp(min=0)
-        if symmetric:
-            s = _in(dt, torch.maximum(lo.abs(), hi) / ((qmax - qmin) / 2))
-            z = torch.zeros_like(s)
-        else:
-            s = _in(dt, _in(dt, hi - lo) / (qmax - qmin))
-            z = torch.round(_in(dt, qmin - _in(dt, lo / s)).clamp(qmin, qmax))
-            z = torch.where(s == 0, torch.full_like(z, qmin), z)
-        s = torch.where(s == 0, torch.full_like(s, eps), s)
-        s = s.to(torch.bfloat16).float()  # scales are stored in bf16; q must be computed with the stored value
-        y = _in(dt, _in(dt, x / s.unsqueeze(-1)) + z.unsqueeze(-1))
-        q = torch.round(y.clamp(qmin, qmax)).view(-1, k).to(torch.int8)
-        scale[r0 : r0 + rows] = s.to(torch.bfloat16)
-        qweight[r0 : r0 + rows] = pack_int32(q, 4, 1) if bits == 4 else q
+        q, s, z = slab(w[r0 : r0 + rows], bits, group_size, symmetric)
+        qweight[r0 : r0 + rows], scale[r0 : r0 + rows] = q, s
         if zp is not None:
-            packed = pack_int32(z.to(torch.int8), 4, 0) if bits == 4 else z.to(torch.int8)
-            zp[r0 // per_word : r0 // per_word + packed.shape[0]] = packed
+            zp[r0 // per_word : r0 // per_word + z.shape[0]] = z
     parts = {"qweight": qweight, "scale": scale}
     if zp is not None:
         parts["zero_point"] = zp

@@ -18,7 +18,10 @@ import torch
 
 from ninfer_format.quants import FP4_MAX, FP8_E4M3_MAX, NVFP4_GROUP, pack_nibbles
 
-_ROW_CHUNK_ELEMENTS = 1 << 18
+from .compiled import slab_function
+
+# Row slabs: cache-sized on the CPU; on a GPU large enough that kernel launches do not dominate.
+_ROW_CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 26}
 
 
 class NonFiniteWeight(ValueError):
@@ -72,6 +75,17 @@ def _block_amax(x: torch.Tensor) -> torch.Tensor:
     return a.squeeze(-1)
 
 
+def quantize_slab(x: torch.Tensor, s2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [R, K] of a weight -> (packed codes u8 [R, K/2], block scales e4m3 [R, K/16])."""
+    rows, k = x.shape
+    b = x.float().view(rows, k // NVFP4_GROUP, NVFP4_GROUP)
+    s = _block_amax(b) / (FP4_MAX * s2)
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    s8 = s.clamp(min=2**-9, max=FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    y = b / (s8.float() * s2).unsqueeze(-1)
+    return pack_nibbles(_e2m1_codes(y.view(rows, k))), s8
+
+
 def quantize_nvfp4(w: torch.Tensor, s2: torch.Tensor | None = None, name: str = "weight"):
     """W [N, K] -> (qweight u8 [N, K/2], block_scale e4m3 [N, K/16], s2 f32 scalar), all on W's device."""
     if w.ndim != 2 or w.shape[1] % NVFP4_GROUP:
@@ -84,13 +98,8 @@ def quantize_nvfp4(w: torch.Tensor, s2: torch.Tensor | None = None, name: str = 
     s2_dev = s2.to(w.device, torch.float32)
     qweight = torch.empty(n, k // 2, dtype=torch.uint8, device=w.device)
     scales = torch.empty(n, k // NVFP4_GROUP, dtype=torch.float8_e4m3fn, device=w.device)
-    rows = max(1, _ROW_CHUNK_ELEMENTS // k)
+    rows = max(1, _ROW_CHUNK_ELEMENTS[w.device.type] // k)
+    slab = slab_function(quantize_slab, w.device.type)
     for r0 in range(0, n, rows):
-        x = w[r0 : r0 + rows].float().view(-1, k // NVFP4_GROUP, NVFP4_GROUP)
-        s = _block_amax(x) / (FP4_MAX * s2_dev)
-        s[s == 0] = 1.0
-        s8 = s.clamp(min=2**-9, max=FP8_E4M3_MAX).to(torch.float8_e4m3fn)
-        y = x / (s8.float() * s2_dev).unsqueeze(-1)
-        qweight[r0 : r0 + rows] = pack_nibbles(_e2m1_codes(y.view(-1, k)))
-        scales[r0 : r0 + rows] = s8
+        qweight[r0 : r0 + rows], scales[r0 : r0 + rows] = slab(w[r0 : r0 + rows], s2_dev)
     return qweight, scales, s2.to(torch.float32).reshape(())

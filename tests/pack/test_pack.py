@@ -1,6 +1,7 @@
 """The compiler end to end on real tiny checkpoints: every family x profile x target packs, verifies
 against its source, and reads back through the format reader."""
 
+import hashlib
 import json
 
 import pytest
@@ -53,6 +54,11 @@ def test_parts_can_be_left_out(tiny_checkpoints, tmp_path):
               "--no-vision", "--no-mtp", "--lm-head", "nvfp4"])
     assert r.exit_code == 0, r.output
     with Artifact(out) as a:
+        files = a.manifest.provenance["source_files"]
+        src = tiny_checkpoints["tiny-qwen3.5"]
+        assert {f["name"] for f in files} >= {"config.json", "model.safetensors.index.json", "tokenizer.json"}
+        for f in files:  # digests are computed in parallel with packing and patched in at the end
+            assert f["sha256"] == hashlib.sha256((src / f["name"]).read_bytes()).hexdigest()
         assert a.manifest.parts_included == ("text",)
         assert not any(n.startswith(("mtp.", "model.visual.")) for n in a.tensor_names)
         assert a.entry("lm_head.weight").scheme["kind"] == "nvfp4"
