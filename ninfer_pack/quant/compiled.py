@@ -37,7 +37,8 @@ def slab_function(fn: Callable, device_type: str) -> Callable:
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(config, knob):
             setattr(config, knob, max(getattr(config, knob), _RECOMPILES))
-    compiled = torch.compile(fn, dynamic=False)
+    # emulate_precision_casts: keep our explicit bf16 roundings (int schemes emulate bf16 arithmetic)
+    compiled = torch.compile(fn, dynamic=False, options={"emulate_precision_casts": True})
     verdict: dict[tuple, bool] = {}
 
     def run(*args):
