@@ -5,7 +5,10 @@ same code runs several times faster. Bytes must not depend on the device, and a 
 reorder float operations, so for every new slab signature (shapes, dtypes, arguments) the compiled
 result is compared with the eager one once; a signature that differs, or fails to compile, stays
 on the eager path (with a warning). Shapes are static (one compile per signature): dynamic-shape
-kernels were measured to change rounding.
+kernels were measured to change rounding. Measured on an H200 (torch 2.11): the NVFP4 slab
+compiles bit-exact (152 GB/s of bf16 input vs 38 eager); the int slab does not (its emulated bf16
+roundings get fused away, also with `emulate_precision_casts`, which in turn breaks NVFP4), so the
+check routes int to eager (37 GB/s).
 """
 
 from __future__ import annotations
@@ -37,8 +40,7 @@ def slab_function(fn: Callable, device_type: str) -> Callable:
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(config, knob):
             setattr(config, knob, max(getattr(config, knob), _RECOMPILES))
-    # emulate_precision_casts: keep our explicit bf16 roundings (int schemes emulate bf16 arithmetic)
-    compiled = torch.compile(fn, dynamic=False, options={"emulate_precision_casts": True})
+    compiled = torch.compile(fn, dynamic=False)
     verdict: dict[tuple, bool] = {}
 
     def run(*args):
