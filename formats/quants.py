@@ -87,11 +87,14 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return out.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
+# value pairs of every packed byte: low nibble (even element) first
+_BYTE_PAIRS = torch.stack((E2M1_VALUES[torch.arange(256) & 0x0F], E2M1_VALUES[torch.arange(256) >> 4]), dim=-1)
+
+
 def dequantize_nvfp4(qweight: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
     """Row-major parts -> float32 [N, K]; the same float32 operation order as ModelOpt's dequantize."""
-    codes = unpack_nibbles(qweight)
-    values = E2M1_VALUES.to(qweight.device)[codes.long()]
-    n, k = values.shape
+    n, k = qweight.shape[0], qweight.shape[1] * 2
+    values = _BYTE_PAIRS.to(qweight.device)[qweight.int()].view(n, k)
     per_block = block_scale.float() * global_scale.float()
     return (values.view(n, k // NVFP4_GROUP, NVFP4_GROUP) * per_block.unsqueeze(-1)).view(n, k)
 

@@ -3,8 +3,9 @@
 The caller declares every tensor up front (names, schemes, part shapes: all known from the config
 before any weight is read), so offsets and the manifest's byte length are fixed before the first
 tensor arrives. Tensors are then written one at a time in the declared order and hashed as they
-go; checksums are fixed-width hex, so close() patches them into the manifest in place. Memory held
-is one tensor plus the manifest. The file appears under its final name only after
+go; checksums are fixed-width hex, so close() patches them into the manifest in place. Hashing and
+disk writes run on a background thread, one tensor behind the caller, so quantizing the next
+tensor overlaps the I/O of this one; memory held is two tensors plus the manifest. The file appears under its final name only after
 fsync + rename; any error or interrupt removes the temp file.
 """
 
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import struct
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +87,9 @@ class ArtifactWriter:
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         self._tmp = Path(tmp)
         self._file = os.fdopen(fd, "wb")
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._drain, name="ninfer-writer", daemon=True)
         try:
             self._file.seek(self._data_offset)
             for blob, data in zip(self.manifest["blobs"], self._blob_bytes):
@@ -92,6 +98,7 @@ class ArtifactWriter:
             self.abort()
             raise
         self._blob_bytes.clear()
+        self._thread.start()
 
     # -- layout --------------------------------------------------------------------------------
     def _reserve(self, length: int) -> int:
@@ -148,8 +155,24 @@ class ArtifactWriter:
             raise FormatError(f"{entry.get('name', entry.get('role'))}: wrote {written} bytes, planned {entry['length']}")
         entry["checksum"] = _hex(h.intdigest())
 
+    def _drain(self) -> None:
+        """Background thread: hash and write queued parts in order; remember the first failure."""
+        while (item := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._put(*item)
+                except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                    self._error = e
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            raise self._error
+
     def write(self, name: str, parts: dict[str, torch.Tensor]) -> None:
-        """Write the next declared tensor; `parts` maps role -> tensor in the stored (laid-out) form."""
+        """Write the next declared tensor; `parts` maps role -> tensor in the stored (laid-out) form.
+
+        The bytes are written asynchronously: do not modify the tensors after passing them here."""
+        self._raise_pending()
         if self._next >= len(self._plans):
             raise FormatError(f"tensor {name!r} was not declared (all {len(self._plans)} are written)")
         plan, entry = self._plans[self._next], self.manifest["tensors"][self._next]
@@ -161,11 +184,18 @@ class ArtifactWriter:
             t = parts[spec.role]
             if C.DTYPE_NAMES.get(t.dtype) != spec.dtype or tuple(t.shape) != spec.shape:
                 raise FormatError(f"{name}.{spec.role}: got {t.dtype} {list(t.shape)}, planned {spec.dtype} {list(spec.shape)}")
-            self._put(part_entry, [tensor_bytes(t)])
+            self._queue.put((part_entry, [tensor_bytes(t)]))
         self._next += 1
 
     # -- finish --------------------------------------------------------------------------------
+    def _stop_thread(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
     def close(self) -> Path:
+        self._stop_thread()
+        self._raise_pending()
         if self._next != len(self._plans):
             raise FormatError(f"only {self._next} of {len(self._plans)} declared tensors were written")
         pos = self._file.tell() - self._data_offset
@@ -189,6 +219,9 @@ class ArtifactWriter:
         return self.path
 
     def abort(self) -> None:
+        self._error = self._error or FormatError("aborted")  # the thread skips what is still queued
+        if self._thread.ident is not None:
+            self._stop_thread()
         if not self._file.closed:
             self._file.close()
         self._tmp.unlink(missing_ok=True)
