@@ -12,6 +12,7 @@ fsync + rename; any error or interrupt removes the temp file.
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import struct
@@ -121,9 +122,7 @@ class ArtifactWriter:
         for plan in self._plans:
             parts = []
             for spec in plan.parts:
-                length = C.DTYPES[spec.dtype][1]
-                for d in spec.shape:
-                    length *= d
+                length = C.DTYPES[spec.dtype][1] * math.prod(spec.shape)
                 parts.append({"role": spec.role, "dtype": spec.dtype, "shape": list(spec.shape), "layout": spec.layout,
                               "offset": self._reserve(length), "length": length, "checksum": _PLACEHOLDER})
             tensors.append({"name": plan.name, "scheme": plan.scheme, "logical_shape": list(plan.logical_shape),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import signal
@@ -112,7 +113,7 @@ def run_pack(opts: PackOptions) -> dict:
     label = opts.source.as_posix() if opts.source else f"hf:{entry.hf_repo}@{opts.revision or 'main'}"
     provenance, fill_digests = _provenance(ckpt, label, pool)
     wanted = expand(entry.resolved, ckpt.config, parts)
-    total = sum(_numel(t.shape) for t in wanted.values())
+    total = sum(math.prod(t.shape) for t in wanted.values())
     bar = tqdm(total=2 * total, unit="B", unit_scale=True, desc=f"pack {entry.id}", disable=not opts.progress)
     overrides = {"lm_head": opts.lm_head} if opts.lm_head else None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -133,13 +134,6 @@ def run_pack(opts: PackOptions) -> dict:
         "mb_per_s": result.bytes_bf16 / 1e6 / max(result.seconds, 1e-9),
         "error_by_class": {c: {"tensors": s.tensors, "rel_rms": s.rel_rms, "max_abs": s.max_abs} for c, s in result.errors.items()},
     }
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _raise_interrupt(signum, frame):

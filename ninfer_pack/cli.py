@@ -6,6 +6,7 @@ Only this module prints or exits; everything below it raises typed errors.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -108,10 +109,7 @@ def show(model_id: str = typer.Argument(..., help="registry id, e.g. qwen3.8-27b
     expected = expand(e.resolved, e.expected_config(), e.available_parts)
     params: dict[str, int] = {}
     for t in expected.values():
-        n = 1
-        for d in t.shape:
-            n *= d
-        params[t.part] = params.get(t.part, 0) + n
+        params[t.part] = params.get(t.part, 0) + math.prod(t.shape)
     typer.echo(f"{e.id}  ({e.display_name})  family={e.family}  sha256={e.sha256[:16]}")
     typer.echo(f"  hf: {e.hf_repo or '-'}  model_type={e.hf_model_type}  architectures={', '.join(e.hf_architectures)}")
     typer.echo(f"  profiles: {', '.join(e.profiles)}   targets: {', '.join(e.targets)}")

@@ -3,6 +3,7 @@ parts, write order, and the groups that share an NVFP4 global scale."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ninfer_format import PartSpec, TensorPlan, part_specs
@@ -48,10 +49,4 @@ def build_plan(entry: RegistryEntry, config: dict, parts: tuple[str, ...], class
 
 
 def stored_bytes(specs: tuple[PartSpec, ...]) -> int:
-    total = 0
-    for s in specs:
-        n = DTYPES[s.dtype][1]
-        for d in s.shape:
-            n *= d
-        total += n
-    return total
+    return sum(DTYPES[s.dtype][1] * math.prod(s.shape) for s in specs)

@@ -7,8 +7,8 @@ The model comes from transformers' own classes (Qwen3_5ForConditionalGeneration 
 with random weights, cast to bf16 and written by `save_pretrained` as sharded safetensors + index.
 The MTP weights transformers does not model are added under the names real checkpoints use
 (`mtp.*`, shapes from the registry), into the last shard. A small byte-level BPE tokenizer with
-Qwen's special tokens is trained locally with `tokenizers`; the chat template is the one Qwen3.5
-checkpoints ship. Configs come from the registry's test-only entries, so the fixtures always
+Qwen's special tokens is trained locally with `tokenizers`; the chat template is the one the
+family's real checkpoints ship (tools/fixtures/). Configs come from the registry's test-only entries, so the fixtures always
 satisfy the same closed-set checks as the real models.
 """
 
@@ -45,7 +45,11 @@ def _corpus(lines: int = 4000) -> list[str]:
     return out
 
 
-def train_tokenizer(vocab_size: int, out_dir: Path) -> None:
+# The chat template each family's checkpoints ship (Qwen3.5: XML tool calls; Qwen3: JSON tool calls).
+CHAT_TEMPLATES = {"qwen3_5_hybrid": "qwen3_5_chat_template.jinja", "qwen3_dense": "qwen3_chat_template.jinja"}
+
+
+def train_tokenizer(vocab_size: int, out_dir: Path, chat_template: str) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -59,7 +63,7 @@ def train_tokenizer(vocab_size: int, out_dir: Path) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096, "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>", "bos_token": None, "unk_token": None, "clean_up_tokenization_spaces": False,
     }, indent=2))
-    (out_dir / "chat_template.jinja").write_text((FIXTURES / "qwen3_5_chat_template.jinja").read_text())
+    (out_dir / "chat_template.jinja").write_text((FIXTURES / chat_template).read_text())
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:
@@ -125,7 +129,7 @@ def build(model_id: str, out_dir: Path, seed: int = 0, max_shard_size: str = "20
         raise RuntimeError("expected a sharded checkpoint; lower max_shard_size")
     _add_mtp(entry, out_dir, seed)
     vocab = entry.expected_config().get("text_config", entry.expected_config())["vocab_size"]
-    train_tokenizer(vocab, out_dir)
+    train_tokenizer(vocab, out_dir, CHAT_TEMPLATES[entry.family])
     return out_dir
 
 

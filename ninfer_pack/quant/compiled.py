@@ -6,9 +6,9 @@ reorder float operations, so for every new slab signature (shapes, dtypes, argum
 result is compared with the eager one once; a signature that differs, or fails to compile, stays
 on the eager path (with a warning). Shapes are static (one compile per signature): dynamic-shape
 kernels were measured to change rounding. Measured on an H200 (torch 2.11): the NVFP4 slab
-compiles bit-exact (152 GB/s of bf16 input vs 38 eager); the int slab does not (its emulated bf16
-roundings get fused away, also with `emulate_precision_casts`, which in turn breaks NVFP4), so the
-check routes int to eager (37 GB/s).
+compiles bit-exact (152 GB/s of bf16 input vs 38 eager) without `emulate_precision_casts` and
+not with it; the int slab, whose bf16 roundings are emulated with explicit casts, is not exact
+without it, so it asks for `precise_casts`.
 """
 
 from __future__ import annotations
@@ -33,14 +33,16 @@ def _same(a, b) -> bool:
 
 
 @cache
-def slab_function(fn: Callable, device_type: str) -> Callable:
+def slab_function(fn: Callable, device_type: str, precise_casts: bool = False) -> Callable:
+    """`fn` itself on the CPU; on CUDA a compiled twin checked against `fn` once per signature.
+    `precise_casts` keeps explicit down-casts (bf16 rounding emulation) inside fused kernels."""
     if device_type != "cuda":
         return fn
     config = torch._dynamo.config
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(config, knob):
             setattr(config, knob, max(getattr(config, knob), _RECOMPILES))
-    compiled = torch.compile(fn, dynamic=False)
+    compiled = torch.compile(fn, dynamic=False, options={"emulate_precision_casts": True} if precise_casts else None)
     verdict: dict[tuple, bool] = {}
 
     def run(*args):

@@ -68,7 +68,7 @@ def quantize_int(w: torch.Tensor, bits: int, group_size: int, symmetric: bool, n
     scale = torch.empty(n, k // group_size, dtype=torch.bfloat16, device=w.device)
     zp = None if symmetric else torch.empty(-(-n // per_word), k // group_size, dtype=qweight.dtype, device=w.device)
     rows = max(8, _ROW_CHUNK_ELEMENTS[w.device.type] // k // 8 * 8)  # a multiple of 8: zero points pack 8 rows per word
-    slab = slab_function(int_slab, w.device.type)
+    slab = slab_function(int_slab, w.device.type, precise_casts=True)
     for r0 in range(0, n, rows):
         q, s, z = slab(w[r0 : r0 + rows], bits, group_size, symmetric)
         qweight[r0 : r0 + rows], scale[r0 : r0 + rows] = q, s

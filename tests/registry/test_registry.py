@@ -2,6 +2,7 @@
 tensors transformers' own model classes have (built on the meta device from the entry's config)."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -40,10 +41,7 @@ def test_headline_counts_match_the_architecture_notes():
     t = expand(e.resolved, e.expected_config(), e.available_parts)
     by_part = {}
     for x in t.values():
-        n = 1
-        for d in x.shape:
-            n *= d
-        by_part[x.part] = by_part.get(x.part, 0) + n
+        by_part[x.part] = by_part.get(x.part, 0) + math.prod(x.shape)
     assert by_part == {"text": 26_895_998_464, "vision": 460_730_096, "mtp": 424_699_392}
     assert sum(1 for x in t.values() if x.part == "mtp") == 15
     assert R.load("qwen3.5-27b").resolved["tensors"] == e.resolved["tensors"]
