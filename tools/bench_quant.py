@@ -3,7 +3,8 @@
     python tools/bench_quant.py [--out out/bench] [--device cpu|cuda]
 
 CPU: MB of bf16 input per second with 1 thread (= per core) and with all threads. CUDA: GB/s, with
-the device-to-device copy bandwidth measured in the same run as the roofline (quantization reads
+the device-to-device copy bandwidth measured in the same run as the roofline; NVFP4 runs the
+Triton kernel (ninfer_pack/quant/nvfp4_triton.py), int4 eager torch (quantization reads
 2 B/element and writes ~0.56 B (NVFP4) / 0.53 B (int4) per element).
 """
 

@@ -18,7 +18,6 @@ import torch
 
 from ninfer_format.quants import pack_int32
 
-from .compiled import slab_function
 from .nvfp4 import abs_max
 
 # Row slabs: cache-sized on the CPU; on a GPU large enough that kernel launches do not dominate.
@@ -68,9 +67,8 @@ def quantize_int(w: torch.Tensor, bits: int, group_size: int, symmetric: bool, n
     scale = torch.empty(n, k // group_size, dtype=torch.bfloat16, device=w.device)
     zp = None if symmetric else torch.empty(-(-n // per_word), k // group_size, dtype=qweight.dtype, device=w.device)
     rows = max(8, _ROW_CHUNK_ELEMENTS[w.device.type] // k // 8 * 8)  # a multiple of 8: zero points pack 8 rows per word
-    slab = slab_function(int_slab, w.device.type, precise_casts=True)
     for r0 in range(0, n, rows):
-        q, s, z = slab(w[r0 : r0 + rows], bits, group_size, symmetric)
+        q, s, z = int_slab(w[r0 : r0 + rows], bits, group_size, symmetric)
         qweight[r0 : r0 + rows], scale[r0 : r0 + rows] = q, s
         if zp is not None:
             zp[r0 // per_word : r0 // per_word + z.shape[0]] = z

@@ -14,11 +14,13 @@ memory stays bounded whatever the tensor size; CPU and CUDA give the same bytes.
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 
 from ninfer_format.quants import FP4_MAX, FP8_E4M3_MAX, NVFP4_GROUP, pack_nibbles
 
-from .compiled import slab_function
+from .checked import checked
 
 # Row slabs: cache-sized on the CPU; on a GPU large enough that kernel launches do not dominate.
 _ROW_CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 26}
@@ -86,6 +88,16 @@ def quantize_slab(x: torch.Tensor, s2: torch.Tensor) -> tuple[torch.Tensor, torc
     return pack_nibbles(_e2m1_codes(y.view(rows, k))), s8
 
 
+@cache
+def _gpu_slab():
+    """The Triton kernel, checked against quantize_slab once per shape; eager torch without Triton."""
+    try:
+        from .nvfp4_triton import triton_slab
+    except ImportError:
+        return quantize_slab
+    return checked(quantize_slab, triton_slab)
+
+
 def quantize_nvfp4(w: torch.Tensor, s2: torch.Tensor | None = None, name: str = "weight"):
     """W [N, K] -> (qweight u8 [N, K/2], block_scale e4m3 [N, K/16], s2 f32 scalar), all on W's device."""
     if w.ndim != 2 or w.shape[1] % NVFP4_GROUP:
@@ -99,7 +111,7 @@ def quantize_nvfp4(w: torch.Tensor, s2: torch.Tensor | None = None, name: str = 
     qweight = torch.empty(n, k // 2, dtype=torch.uint8, device=w.device)
     scales = torch.empty(n, k // NVFP4_GROUP, dtype=torch.float8_e4m3fn, device=w.device)
     rows = max(1, _ROW_CHUNK_ELEMENTS[w.device.type] // k)
-    slab = slab_function(quantize_slab, w.device.type)
+    slab = _gpu_slab() if w.device.type == "cuda" else quantize_slab
     for r0 in range(0, n, rows):
         qweight[r0 : r0 + rows], scales[r0 : r0 + rows] = slab(w[r0 : r0 + rows], s2_dev)
     return qweight, scales, s2.to(torch.float32).reshape(())

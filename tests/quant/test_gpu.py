@@ -25,6 +25,22 @@ def test_nvfp4_cuda_equals_cpu(shape):
     assert torch.equal(s2, s2c.cpu())
 
 
+@pytest.mark.parametrize("rows,k", [(1, 16), (7, 48), (300, 5120), (4096, 17408)])
+@pytest.mark.parametrize("std", [0.02, 30.0])
+def test_triton_slab_kernel_matches_torch_reference(rows, k, std):
+    from ninfer_pack.quant.nvfp4 import quantize_slab
+    from ninfer_pack.quant.nvfp4_triton import triton_slab
+
+    w = (torch.randn(rows, k, device="cuda") * std).to(torch.bfloat16)
+    w[0, :16] = 0.0
+    s2 = (w.abs().amax().float() / 2688).reshape(())
+    ref_q, ref_s = quantize_slab(w, s2)
+    poisoned = (torch.full_like(ref_q, 0xAA), torch.full_like(ref_s.view(torch.uint8), 0x7F).view(torch.float8_e4m3fn))
+    got_q, got_s = triton_slab(w, s2, out=poisoned)  # every byte must be overwritten
+    assert torch.equal(got_q, ref_q)
+    assert torch.equal(got_s.view(torch.uint8), ref_s.view(torch.uint8))
+
+
 @pytest.mark.parametrize("bits,symmetric", [(4, True), (4, False), (8, True), (8, False)])
 def test_int_cuda_equals_cpu(bits, symmetric):
     w = _fresh((1000, 2048))
