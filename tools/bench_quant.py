@@ -25,6 +25,34 @@ CASES = {"nvfp4": lambda w: quantize_nvfp4(w), "int4-g128": lambda w: quantize_i
 
 
 
+def _peers() -> dict:
+    """The reference implementations, timed on the same weight (when installed): the peer ratio."""
+    peers = {}
+    try:
+        from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+        peers["nvfp4"] = ("ModelOpt NVFP4QTensor.quantize", lambda w: NVFP4QTensor.quantize(w, 16))
+    except ImportError:
+        pass
+    try:
+        from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+        from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+        from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+        args = QuantizationArgs(num_bits=4, type="int", strategy="group", group_size=128, symmetric=True)
+        scheme = QuantizationScheme(targets=["Linear"], weights=args)
+
+        def ct_int4(w):
+            g = w.unflatten(-1, (w.shape[1] // 128, 128))
+            scale, zp = calculate_qparams(g.amin(-1), g.amax(-1), args)
+            return PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale, "weight_zero_point": zp}, scheme)
+
+        peers["int4-g128"] = ("compressed-tensors pack-quantized", ct_int4)
+    except ImportError:
+        pass
+    return peers
+
+
 def _time_cpu(fn, w, repeats: int) -> float:
     fn(w)
     best = float("inf")
@@ -68,6 +96,12 @@ def main() -> None:
                 results["cases"][f"{name}/{t}thr"] = {"seconds": s, "MB_per_s": mbps, "MB_per_s_per_core": mbps / t}
                 bars[f"{name} {t} thr (MB/s/core)"] = mbps / t
                 print(f"{name:<10} {t} thread(s): {s:.3f} s  {mbps:7.0f} MB/s  {mbps / t:7.0f} MB/s per core")
+        torch.set_num_threads(1)
+        for name, (label, fn) in _peers().items():
+            s = _time_cpu(fn, w, 1)
+            ours = results["cases"][f"{name}/1thr"]["seconds"]
+            results["cases"][f"{name}/peer"] = {"peer": label, "seconds": s, "MB_per_s": nbytes / s / 1e6, "speedup_vs_peer": s / ours}
+            print(f"{name:<10} peer {label}, 1 thread: {s:.3f} s  ({s / ours:.1f}x slower than ours)")
     else:
         wd = w.to(args.device)
         buf = torch.empty(256 << 20, dtype=torch.uint8, device=args.device)
