@@ -14,10 +14,13 @@ float32 source's scale is rounded to bf16 before q is computed so the stored par
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 
 from ninfer_format.quants import pack_int32
 
+from .checked import checked
 from .nvfp4 import abs_max
 
 # Row slabs: cache-sized on the CPU; on a GPU large enough that kernel launches do not dominate.
@@ -55,6 +58,16 @@ def int_slab(x: torch.Tensor, bits: int, group_size: int, symmetric: bool):
     return qweight, s.to(torch.bfloat16), zp
 
 
+@cache
+def _gpu_slab():
+    """The Triton kernel, checked against int_slab once per shape; eager torch without Triton."""
+    try:
+        from .int_triton import triton_int_slab
+    except ImportError:
+        return int_slab
+    return checked(int_slab, triton_int_slab)
+
+
 def quantize_int(w: torch.Tensor, bits: int, group_size: int, symmetric: bool, name: str = "weight"):
     """W [N, K] -> dict of parts: qweight, scale (and zero_point) in the stored encoding."""
     if w.ndim != 2 or w.shape[1] % group_size:
@@ -67,8 +80,9 @@ def quantize_int(w: torch.Tensor, bits: int, group_size: int, symmetric: bool, n
     scale = torch.empty(n, k // group_size, dtype=torch.bfloat16, device=w.device)
     zp = None if symmetric else torch.empty(-(-n // per_word), k // group_size, dtype=qweight.dtype, device=w.device)
     rows = max(8, _ROW_CHUNK_ELEMENTS[w.device.type] // k // 8 * 8)  # a multiple of 8: zero points pack 8 rows per word
+    slab = _gpu_slab() if w.device.type == "cuda" else int_slab
     for r0 in range(0, n, rows):
-        q, s, z = int_slab(w[r0 : r0 + rows], bits, group_size, symmetric)
+        q, s, z = slab(w[r0 : r0 + rows], bits, group_size, symmetric)
         qweight[r0 : r0 + rows], scale[r0 : r0 + rows] = q, s
         if zp is not None:
             zp[r0 // per_word : r0 // per_word + z.shape[0]] = z

@@ -41,6 +41,26 @@ def test_triton_slab_kernel_matches_torch_reference(rows, k, std):
     assert torch.equal(got_s.view(torch.uint8), ref_s.view(torch.uint8))
 
 
+@pytest.mark.parametrize("rows,k", [(8, 128), (13, 256), (1000, 2048), (4096, 5120)])
+@pytest.mark.parametrize("bits,symmetric", [(4, True), (4, False), (8, True), (8, False)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_int_kernel_matches_torch_reference(rows, k, bits, symmetric, dtype):
+    from ninfer_pack.quant.int_triton import triton_int_slab
+    from ninfer_pack.quant.intgroup import int_slab
+
+    w = (torch.randn(rows, k, device="cuda") * 0.02).to(dtype)
+    w[0, :128] = 0.0
+    if rows > 1:
+        w[1, :128] = w[1, :128].abs()
+    ref = int_slab(w, bits, 128, symmetric)
+    got = triton_int_slab(w, bits, 128, symmetric)
+    for name, a, b in zip(("qweight", "scale", "zero_point"), ref, got):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert torch.equal(a.view(torch.uint8) if a.dtype == torch.bfloat16 else a, b.view(torch.uint8)
+                               if b.dtype == torch.bfloat16 else b), name
+
+
 @pytest.mark.parametrize("bits,symmetric", [(4, True), (4, False), (8, True), (8, False)])
 def test_int_cuda_equals_cpu(bits, symmetric):
     w = _fresh((1000, 2048))
