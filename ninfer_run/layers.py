@@ -1,0 +1,65 @@
+"""Pure-torch reference layers shared by the model families (the oracle is transformers' own code).
+
+Every function computes in float32 internally where transformers does, and casts back the way it
+does, so logits match within float tolerance. Kernels will replace these; these stay as the
+references the kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    """RMSNorm with weight (offset + w): offset 1 for Qwen3.5's zero-centred norms, 0 for plain ones.
+
+    Qwen3.5 (`(1 + w)`): the product is taken in float32, then cast. Qwen3 (plain `w`): the
+    normalized value is cast to the input dtype first, then scaled (transformers' order)."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if offset:
+        return (normed * (offset + weight.float())).to(x.dtype)
+    return weight.to(x.dtype) * normed.to(x.dtype)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gated DeltaNet output norm: plain-weight RMSNorm of x, times silu(gate) (computed in float32)."""
+    x32 = x.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return ((weight * normed) * F.silu(gate.float())).to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin [T, rotary_dim] for NeoX-style (rotate_half) RoPE over the first rotary_dim dims."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; rotates the first cos.shape[-1] dims, passes the rest through (partial RoPE)."""
+    rd = cos.shape[-1]
+    rot, rest = x[..., :rd], x[..., rd:]
+    half = rd // 2
+    rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    out = rot * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat((out, rest), dim=-1)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
+    """q [Tq, Hq, D], k/v [Tk, Hkv, D] (GQA); query i sits at absolute position q_offset + i."""
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)
+    v = v.repeat_interleave(groups, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * q.shape[-1] ** -0.5
+    tq, tk = q.shape[0], k.shape[0]
+    mask = torch.arange(tk)[None, :] > (torch.arange(tq)[:, None] + q_offset)
+    scores = scores.masked_fill(mask[None], float("-inf"))
+    probs = scores.softmax(-1).to(q.dtype)
+    return torch.einsum("hqk,khd->qhd", probs, v)
+
+
+def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)

@@ -1,0 +1,64 @@
+"""Dense Qwen3 (every layer full attention, plain-weight q/k RMSNorm, full RoPE), pure-torch reference.
+
+Oracle: transformers' `modeling_qwen3.py`. Shares layers and the per-sequence state with the hybrid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..layers import apply_rope, causal_attention, rms_norm, rope_cos_sin, swiglu_mlp
+from ..state import SequenceState
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    eps: float
+    vocab_size: int
+
+    @classmethod
+    def from_config(cls, c: dict) -> DenseConfig:
+        return cls(hidden_size=c["hidden_size"], num_layers=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
+                   num_kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
+                   rope_theta=float(c["rope_parameters"]["rope_theta"]), eps=c["rms_norm_eps"], vocab_size=c["vocab_size"])
+
+
+class Model:
+    def __init__(self, config: dict, entry: dict, weights: dict[str, torch.Tensor]):
+        self.cfg = DenseConfig.from_config(config)
+        self.w = weights
+
+    def _attention(self, p: str, x: torch.Tensor, i: int, state: SequenceState) -> torch.Tensor:
+        c, w = self.cfg, self.w
+        t = x.shape[0]
+        q = rms_norm(F.linear(x, w[p + "q_proj.weight"]).view(t, c.num_heads, c.head_dim), w[p + "q_norm.weight"], c.eps, 0.0)
+        k = rms_norm(F.linear(x, w[p + "k_proj.weight"]).view(t, c.num_kv_heads, c.head_dim), w[p + "k_norm.weight"], c.eps, 0.0)
+        v = F.linear(x, w[p + "v_proj.weight"]).view(t, c.num_kv_heads, c.head_dim)
+        cos, sin = rope_cos_sin(torch.arange(state.length, state.length + t), c.head_dim, c.rope_theta, x.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if i in state.kv:
+            k, v = torch.cat((state.kv[i][0], k)), torch.cat((state.kv[i][1], v))
+        state.kv[i] = (k, v)
+        return F.linear(causal_attention(q, k, v, q_offset=state.length).reshape(t, -1), w[p + "o_proj.weight"])
+
+    def forward(self, tokens: torch.Tensor, state: SequenceState) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`."""
+        c, w = self.cfg, self.w
+        x = F.embedding(tokens, w["model.embed_tokens.weight"])
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            x = x + self._attention(p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], c.eps, 0.0), i, state)
+            y = rms_norm(x, w[p + "post_attention_layernorm.weight"], c.eps, 0.0)
+            x = x + swiglu_mlp(y, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
+        state.length += tokens.shape[0]
+        hidden = rms_norm(x, w["model.norm.weight"], c.eps, 0.0)
+        return hidden, F.linear(hidden, w.get("lm_head.weight", w["model.embed_tokens.weight"]))

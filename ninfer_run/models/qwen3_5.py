@@ -1,0 +1,145 @@
+"""Qwen3.5-style hybrid (Gated DeltaNet + gated full attention + MTP), pure-torch reference.
+
+Math as in shared/arch.md §4 and transformers' `modeling_qwen3_5.py` (the oracle): 3 GDN layers then
+one gated attention layer, repeated; zero-centred (1 + w) RMSNorms; partial NeoX RoPE; per-token
+recurrent delta rule (mathematically equal to the chunked prefill form).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..layers import apply_rope, causal_attention, gated_rms_norm, rms_norm, rope_cos_sin, swiglu_mlp
+from ..state import SequenceState
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    hidden_size: int
+    num_layers: int
+    layer_types: tuple[str, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+    eps: float
+    vocab_size: int
+    mtp_layers: int
+
+    @classmethod
+    def from_config(cls, config: dict, layer_pattern: list[str]) -> HybridConfig:
+        t = config["text_config"]
+        rope = t["rope_parameters"]
+        n = t["num_hidden_layers"]
+        return cls(
+            hidden_size=t["hidden_size"], num_layers=n,
+            layer_types=tuple(layer_pattern[i % len(layer_pattern)] for i in range(n)),
+            num_heads=t["num_attention_heads"], num_kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"],
+            rotary_dim=int(t["head_dim"] * rope.get("partial_rotary_factor", 1.0)), rope_theta=float(rope["rope_theta"]),
+            k_heads=t["linear_num_key_heads"], v_heads=t["linear_num_value_heads"], k_dim=t["linear_key_head_dim"],
+            v_dim=t["linear_value_head_dim"], conv_kernel=t["linear_conv_kernel_dim"], eps=t["rms_norm_eps"],
+            vocab_size=t["vocab_size"], mtp_layers=t.get("mtp_num_hidden_layers", 0),
+        )
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+class Model:
+    """Weights are a name -> tensor dict (HF names); `forward` runs T new tokens of one sequence."""
+
+    prefix = "model.language_model."
+
+    def __init__(self, config: dict, entry: dict, weights: dict[str, torch.Tensor]):
+        self.cfg = HybridConfig.from_config(config, entry["layer_pattern"])
+        self.w = weights
+
+    def _p(self, name: str) -> torch.Tensor:
+        return self.w[self.prefix + name]
+
+    def _gdn(self, i: int, x: torch.Tensor, state: SequenceState) -> torch.Tensor:
+        c, p = self.cfg, f"layers.{i}.linear_attn."
+        t = x.shape[0]
+        qkv = F.linear(x, self._p(p + "in_proj_qkv.weight"))
+        z = F.linear(x, self._p(p + "in_proj_z.weight")).view(t, c.v_heads, c.v_dim)
+        b = F.linear(x, self._p(p + "in_proj_b.weight"))
+        a = F.linear(x, self._p(p + "in_proj_a.weight"))
+        # causal depthwise conv over [previous K-1 inputs | new inputs], then SiLU
+        k = c.conv_kernel
+        history = state.conv.get(i, torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype))
+        padded = torch.cat((history, qkv), dim=0)
+        state.conv[i] = padded[-(k - 1):].clone()
+        weight = self._p(p + "conv1d.weight")[:, 0, :]  # [C, K]
+        conv = F.silu(torch.stack([(padded[j : j + k] * weight.T).sum(0) for j in range(t)]))
+        q, kk, v = torch.split(conv, [c.k_heads * c.k_dim, c.k_heads * c.k_dim, c.v_heads * c.v_dim], dim=-1)
+        r = c.v_heads // c.k_heads
+        q = _l2norm(q.view(t, c.k_heads, c.k_dim).float()).repeat_interleave(r, 1) * c.k_dim**-0.5
+        kk = _l2norm(kk.view(t, c.k_heads, c.k_dim).float()).repeat_interleave(r, 1)
+        v = v.view(t, c.v_heads, c.v_dim).float()
+        beta = b.sigmoid().float()
+        g = -self._p(p + "A_log").float().exp() * F.softplus(a.float() + self._p(p + "dt_bias"))
+        s = state.recurrent.get(i, torch.zeros(c.v_heads, c.k_dim, c.v_dim))
+        out = torch.empty(t, c.v_heads, c.v_dim)
+        for j in range(t):
+            s = s * g[j].exp()[:, None, None]
+            delta = (v[j] - (s * kk[j][:, :, None]).sum(1)) * beta[j][:, None]
+            s = s + kk[j][:, :, None] * delta[:, None, :]
+            out[j] = (s * q[j][:, :, None]).sum(1)
+        state.recurrent[i] = s
+        o = gated_rms_norm(out.to(x.dtype), z, self._p(p + "norm.weight"), c.eps)
+        return F.linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
+
+    def _attention(self, w, x: torch.Tensor, key: int, state: SequenceState) -> torch.Tensor:
+        """Gated full attention; `w(name)` looks up this layer's tensors, `key` names its KV slot."""
+        c = self.cfg
+        t = x.shape[0]
+        qg = F.linear(x, w("self_attn.q_proj.weight")).view(t, c.num_heads, 2 * c.head_dim)
+        q, gate = qg[..., : c.head_dim], qg[..., c.head_dim :]
+        q = rms_norm(q, w("self_attn.q_norm.weight"), c.eps, 1.0)
+        k = rms_norm(F.linear(x, w("self_attn.k_proj.weight")).view(t, c.num_kv_heads, c.head_dim),
+                     w("self_attn.k_norm.weight"), c.eps, 1.0)
+        v = F.linear(x, w("self_attn.v_proj.weight")).view(t, c.num_kv_heads, c.head_dim)
+        positions = torch.arange(state.length, state.length + t)
+        cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_theta, x.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if key in state.kv:
+            k = torch.cat((state.kv[key][0], k))
+            v = torch.cat((state.kv[key][1], v))
+        state.kv[key] = (k, v)
+        o = causal_attention(q, k, v, q_offset=state.length).reshape(t, -1)
+        o = o * torch.sigmoid(gate.reshape(t, -1))
+        return F.linear(o, w("self_attn.o_proj.weight"))
+
+    def _layer(self, w, x: torch.Tensor, mixer) -> torch.Tensor:
+        c = self.cfg
+        x = x + mixer(rms_norm(x, w("input_layernorm.weight"), c.eps, 1.0))
+        y = rms_norm(x, w("post_attention_layernorm.weight"), c.eps, 1.0)
+        return x + swiglu_mlp(y, w("mlp.gate_proj.weight"), w("mlp.up_proj.weight"), w("mlp.down_proj.weight"))
+
+    def forward(self, tokens: torch.Tensor, state: SequenceState) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`."""
+        c = self.cfg
+        x = F.embedding(tokens, self._p("embed_tokens.weight"))
+        for i, kind in enumerate(c.layer_types):
+            w = (lambda name, i=i: self._p(f"layers.{i}.{name}"))
+            if kind == "linear_attention":
+                x = self._layer(w, x, lambda h, i=i: self._gdn(i, h, state))
+            else:
+                x = self._layer(w, x, lambda h, i=i, w=w: self._attention(w, h, i, state))
+        state.length += tokens.shape[0]
+        hidden = rms_norm(x, self._p("norm.weight"), c.eps, 1.0)
+        return hidden, F.linear(hidden, self.lm_head)
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        return self.w.get("lm_head.weight", self._p("embed_tokens.weight"))
