@@ -1,4 +1,5 @@
-"""Per-sequence model state carried between forward calls (reference path)."""
+"""Per-sequence model state carried between forward calls: KV for attention layers, conv and
+recurrent state for Gated DeltaNet layers."""
 
 from __future__ import annotations
 
@@ -6,12 +7,51 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .kv.pool import BlockPool
+
+
+class DenseKV:
+    """Reference KV: full-precision tensors per layer, grown by concatenation."""
+
+    def __init__(self):
+        self._kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def append(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k/v [T, H, D] at positions start.. and return all of this layer's k/v so far."""
+        if layer in self._kv:
+            old_k, old_v = self._kv[layer]
+            k, v = torch.cat((old_k[:start], k)), torch.cat((old_v[:start], v))
+        self._kv[layer] = (k, v)
+        return k, v
+
+    def release(self) -> None:
+        self._kv.clear()
+
+
+class PagedKV:
+    """KV in the shared block pool; `layers` maps a model layer key to its pool layer."""
+
+    def __init__(self, pool: BlockPool, layers: dict[int, int]):
+        self.pool, self.layers = pool, layers
+        self.blocks: list[int] = []
+
+    def append(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = start + k.shape[0]
+        need = -(-end // self.pool.layout.block_size) - len(self.blocks)
+        if need > 0:
+            self.blocks += self.pool.allocate(need)
+        slot = self.layers[layer]
+        self.pool.write(slot, self.blocks, start, k, v)
+        return self.pool.read(slot, self.blocks, end, k.dtype)
+
+    def release(self) -> None:
+        self.pool.release(self.blocks)
+        self.blocks = []
+
 
 @dataclass
 class SequenceState:
-    """Everything one sequence carries between steps: per-layer KV (attention) or conv + recurrent state."""
-
     length: int = 0
-    kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    kv: DenseKV | PagedKV = field(default_factory=DenseKV)
     conv: dict[int, torch.Tensor] = field(default_factory=dict)
     recurrent: dict[int, torch.Tensor] = field(default_factory=dict)

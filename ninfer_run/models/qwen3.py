@@ -45,10 +45,11 @@ class Model:
         v = F.linear(x, w[p + "v_proj.weight"]).view(t, c.num_kv_heads, c.head_dim)
         cos, sin = rope_cos_sin(torch.arange(state.length, state.length + t), c.head_dim, c.rope_theta, x.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if i in state.kv:
-            k, v = torch.cat((state.kv[i][0], k)), torch.cat((state.kv[i][1], v))
-        state.kv[i] = (k, v)
+        k, v = state.kv.append(i, state.length, k, v)
         return F.linear(causal_attention(q, k, v, q_offset=state.length).reshape(t, -1), w[p + "o_proj.weight"])
+
+    def kv_layers(self) -> list[int]:
+        return list(range(self.cfg.num_layers))
 
     def forward(self, tokens: torch.Tensor, state: SequenceState) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`."""

@@ -112,10 +112,7 @@ class Model:
         positions = torch.arange(state.length, state.length + t)
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_theta, x.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if key in state.kv:
-            k = torch.cat((state.kv[key][0], k))
-            v = torch.cat((state.kv[key][1], v))
-        state.kv[key] = (k, v)
+        k, v = state.kv.append(key, state.length, k, v)
         o = causal_attention(q, k, v, q_offset=state.length).reshape(t, -1)
         o = o * torch.sigmoid(gate.reshape(t, -1))
         return F.linear(o, w("self_attn.o_proj.weight"))
@@ -139,6 +136,10 @@ class Model:
         state.length += tokens.shape[0]
         hidden = rms_norm(x, self._p("norm.weight"), c.eps, 1.0)
         return hidden, F.linear(hidden, self.lm_head)
+
+    def kv_layers(self) -> list[int]:
+        """Keys of the layers that keep KV (the full-attention layers)."""
+        return [i for i, kind in enumerate(self.cfg.layer_types) if kind == "full_attention"]
 
     @property
     def lm_head(self) -> torch.Tensor:
