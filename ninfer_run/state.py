@@ -55,3 +55,17 @@ class SequenceState:
     kv: DenseKV | PagedKV = field(default_factory=DenseKV)
     conv: dict[int, torch.Tensor] = field(default_factory=dict)
     recurrent: dict[int, torch.Tensor] = field(default_factory=dict)
+    # With keep_steps, GDN layers also record (conv, recurrent) after every token of the last
+    # forward, so a speculative verify can roll back to any accepted prefix without recomputing.
+    keep_steps: bool = False
+    steps: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    last_forward: int = 0
+
+    def rollback(self, keep: int) -> None:
+        """Keep only the first `keep` (>= 1) tokens of the last forward; later KV slots are overwritten."""
+        if not 1 <= keep <= self.last_forward:
+            raise ValueError(f"can keep 1..{self.last_forward} tokens of the last forward, not {keep}")
+        self.length -= self.last_forward - keep
+        for layer, steps in self.steps.items():
+            self.conv[layer], self.recurrent[layer] = steps[keep - 1]
+        self.last_forward = keep

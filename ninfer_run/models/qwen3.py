@@ -48,6 +48,8 @@ class Model:
         k, v = state.kv.append(i, state.length, k, v)
         return F.linear(causal_attention(q, k, v, q_offset=state.length).reshape(t, -1), w[p + "o_proj.weight"])
 
+    has_mtp = False
+
     def kv_layers(self) -> list[int]:
         return list(range(self.cfg.num_layers))
 
@@ -61,5 +63,6 @@ class Model:
             y = rms_norm(x, w[p + "post_attention_layernorm.weight"], c.eps, 0.0)
             x = x + swiglu_mlp(y, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
         state.length += tokens.shape[0]
+        state.last_forward = tokens.shape[0]
         hidden = rms_norm(x, w["model.norm.weight"], c.eps, 0.0)
         return hidden, F.linear(hidden, w.get("lm_head.weight", w["model.embed_tokens.weight"]))

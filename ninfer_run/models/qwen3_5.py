@@ -90,12 +90,17 @@ class Model:
         g = -self._p(p + "A_log").float().exp() * F.softplus(a.float() + self._p(p + "dt_bias"))
         s = state.recurrent.get(i, torch.zeros(c.v_heads, c.k_dim, c.v_dim))
         out = torch.empty(t, c.v_heads, c.v_dim)
+        steps = []
         for j in range(t):
             s = s * g[j].exp()[:, None, None]
             delta = (v[j] - (s * kk[j][:, :, None]).sum(1)) * beta[j][:, None]
             s = s + kk[j][:, :, None] * delta[:, None, :]
             out[j] = (s * q[j][:, :, None]).sum(1)
+            if state.keep_steps:
+                steps.append((padded[j + 1 : j + k].clone(), s))
         state.recurrent[i] = s
+        if state.keep_steps:
+            state.steps[i] = steps
         o = gated_rms_norm(out.to(x.dtype), z, self._p(p + "norm.weight"), c.eps)
         return F.linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
 
@@ -134,8 +139,28 @@ class Model:
             else:
                 x = self._layer(w, x, lambda h, i=i, w=w: self._attention(w, h, i, state))
         state.length += tokens.shape[0]
+        state.last_forward = tokens.shape[0]
         hidden = rms_norm(x, self._p("norm.weight"), c.eps, 1.0)
         return hidden, F.linear(hidden, self.lm_head)
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.cfg.mtp_layers > 0 and "mtp.fc.weight" in self.w
+
+    def mtp_forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, state: SequenceState):
+        """The MTP draft head: pairs (final-norm hidden h_t, token x_{t+1}) -> (its hidden, logits for
+        x_{t+2}); own KV in `state`, positions those of h_t (vLLM's convention). As in vLLM, repeated
+        draft steps reuse MTP layer 0 and feed its normed output back as the next hidden."""
+        c, w = self.cfg, self.w
+        e = rms_norm(F.embedding(next_tokens, self._p("embed_tokens.weight")), w["mtp.pre_fc_norm_embedding.weight"], c.eps, 1.0)
+        h = rms_norm(hidden, w["mtp.pre_fc_norm_hidden.weight"], c.eps, 1.0)
+        u = F.linear(torch.cat((e, h), dim=-1), w["mtp.fc.weight"])
+        layer = (lambda name: w[f"mtp.layers.0.{name}"])
+        u = self._layer(layer, u, lambda x: self._attention(layer, x, -1, state))
+        state.length += next_tokens.shape[0]
+        state.last_forward = next_tokens.shape[0]
+        d = rms_norm(u, w["mtp.norm.weight"], c.eps, 1.0)
+        return d, F.linear(d, self.lm_head)
 
     def kv_layers(self) -> list[int]:
         """Keys of the layers that keep KV (the full-attention layers)."""

@@ -1,0 +1,100 @@
+"""Greedy decoding with and without MTP speculative decoding (reference path, one sequence).
+
+One speculative step: the drafter proposes N tokens; the target model verifies [last, d1..dN] in
+one forward; the longest prefix of drafts that equals the target's own argmax is accepted, plus the
+target's next token (the bonus), so every step yields 1..N+1 tokens and the output is exactly what
+plain greedy decoding produces. The target's GDN state is rolled back to the accepted prefix from
+the per-token states the verify forward kept; the MTP head re-reads the verified hidden states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .state import SequenceState
+
+
+@dataclass
+class SpecStats:
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+
+def generate_greedy(model, prompt: torch.Tensor, max_new: int) -> list[int]:
+    state = SequenceState()
+    _, logits = model.forward(prompt, state)
+    out: list[int] = []
+    while len(out) < max_new:
+        out.append(int(logits[-1].argmax()))
+        _, logits = model.forward(torch.tensor(out[-1:]), state)
+    return out
+
+
+class MTPDrafter:
+    """Proposes tokens with the artifact's MTP head; keeps the head's KV in step with the target."""
+
+    def __init__(self, model):
+        if not model.has_mtp:
+            raise ValueError("this artifact has no MTP head (packed with --no-mtp, or the model has none)")
+        self.model, self.state = model, SequenceState()
+        self._hidden = self._token = None
+
+    def observe(self, hidden: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Feed verified target hidden states h_t with their successor tokens x_{t+1}."""
+        d, logits = self.model.mtp_forward(hidden, next_tokens, self.state)
+        self._hidden, self._logits = d[-1:], logits[-1]
+
+    def propose(self, n: int) -> list[int]:
+        drafts, hidden, logits = [], self._hidden, self._logits
+        start = self.state.length
+        for _ in range(n):
+            drafts.append(int(logits.argmax()))
+            if len(drafts) == n:
+                break
+            hidden, lg = self.model.mtp_forward(hidden, torch.tensor(drafts[-1:]), self.state)
+            logits = lg[-1]
+        self.state.length = start  # speculative MTP positions are rewritten by the next observe()
+        return drafts
+
+
+def generate_speculative(model, prompt: torch.Tensor, max_new: int, draft_tokens: int,
+                         drafter: Callable | None = None) -> tuple[list[int], SpecStats]:
+    """Greedy output identical to generate_greedy, in fewer target forwards when drafts are accepted.
+    `drafter(n, out) -> list[int]` overrides the MTP head (tests use it to force acceptance)."""
+    state = SequenceState(keep_steps=True)
+    hidden, logits = model.forward(prompt, state)
+    out = [int(logits[-1].argmax())]
+    mtp = None
+    if drafter is None:
+        mtp = MTPDrafter(model)
+        mtp.observe(hidden, torch.cat((prompt[1:], torch.tensor(out))))
+        drafter = lambda n, _out: mtp.propose(n)  # noqa: E731
+    stats = SpecStats()
+    while len(out) < max_new:
+        drafts = drafter(min(draft_tokens, max_new - len(out)), out)
+        hidden, logits = model.forward(torch.tensor([out[-1], *drafts]), state)
+        target = logits.argmax(-1).tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == target[accepted]:
+            accepted += 1
+        new = drafts[:accepted] + [target[accepted]]
+        state.rollback(accepted + 1)
+        stats.steps += 1
+        stats.drafted += len(drafts)
+        stats.accepted += accepted
+        if mtp is not None:
+            mtp.observe(hidden[: accepted + 1], torch.tensor(new))
+        out += new
+    return out[:max_new], stats
