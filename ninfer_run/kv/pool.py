@@ -80,6 +80,11 @@ class BlockPool:
             elif self.refcount[b] < 0:
                 raise RuntimeError(f"block {b} released more often than retained")
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one block's contents in every layer (copy on write for shared partial blocks)."""
+        for t in (self.k, self.v, *((self.k_scale, self.v_scale) if self.layout.dtype == "int8" else ())):
+            t[:, dst] = t[:, src]
+
     def _slots(self, blocks: list[int], start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.arange(start, start + count)
         bs = self.layout.block_size

@@ -1,0 +1,108 @@
+"""Prefix reuse: logits with a reused frontier equal logits without; hit rates on agent-like turns."""
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ninfer_pack.cli import app
+from ninfer_run.kv.pool import BlockPool, KVLayout
+from ninfer_run.kv.prefix import PrefixCache
+from ninfer_run.loader import load
+from ninfer_run.state import PagedKV, SequenceState
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def models(tiny_checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("prefix")
+    out = {}
+    for model_id, src in tiny_checkpoints.items():
+        path = root / f"{model_id}.ninfer"
+        assert runner.invoke(app, ["pack", model_id, "-p", "bf16", "--source", str(src), "-o", str(path)]).exit_code == 0
+        out[model_id] = load(path).model
+    return out
+
+
+def _cache(model, blocks=64, block_size=16):
+    layers = {key: i for i, key in enumerate(model.kv_layers())}
+    c = model.cfg
+    pool = BlockPool(KVLayout(len(layers), c.num_kv_heads, c.head_dim, block_size=block_size), blocks)
+    return PrefixCache(pool, layers, recurrent_layers=hasattr(c, "layer_types") and "linear_attention" in c.layer_types)
+
+
+def _fresh_logits(model, cache, tokens):
+    state = SequenceState(kv=PagedKV(cache.pool, cache.layers))
+    _, logits = model.forward(torch.tensor(tokens), state)
+    state.kv.release()
+    return logits
+
+
+def _turn(model, cache, prompt, reply_len=6):
+    """One request: prefill what is not cached, greedy reply, leave a frontier. -> (cached, logits of uncached part)."""
+    state, cached = cache.start(prompt)
+    _, logits = model.forward(torch.tensor(prompt[cached:]), state)
+    tokens = list(prompt)
+    for _ in range(reply_len):
+        tokens.append(int(logits[-1].argmax()) if len(tokens) == len(prompt) else int(step[-1].argmax()))
+        _, step = model.forward(torch.tensor(tokens[-1:]), state)
+    cache.insert(tokens, state)
+    return cached, logits, tokens
+
+
+@pytest.mark.parametrize("model_id", ["tiny-qwen3.5", "tiny-qwen3"])
+def test_reuse_gives_the_same_logits_and_reports_cached_tokens(models, model_id):
+    model = models[model_id]
+    cache = _cache(model)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 512, (37,), generator=g).tolist()
+    cached, _, history = _turn(model, cache, prompt)
+    assert cached == 0
+    follow = history + torch.randint(0, 512, (11,), generator=g).tolist()
+    cached, logits, _ = _turn(model, cache, follow)
+    assert cached == len(history) == 43
+    reference = _fresh_logits(model, cache, follow)[cached:]
+    assert float((logits - reference).abs().max()) <= 1e-4 * float(reference.abs().max())  # fp32 noise of other matmul shapes
+
+
+def test_hybrid_needs_the_frontier_dense_reuses_blocks(models):
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, 512, (50,), generator=g).tolist()
+    diverged = prompt[:40] + torch.randint(0, 512, (9,), generator=g).tolist()
+    for model_id, expect in (("tiny-qwen3.5", 0), ("tiny-qwen3", 32)):
+        model = models[model_id]
+        cache = _cache(model)
+        _turn(model, cache, prompt)
+        cached, logits, _ = _turn(model, cache, diverged)
+        assert cached == expect, model_id  # dense: the 2 full shared blocks of 16; hybrid: no snapshot at 40
+        reference = _fresh_logits(model, cache, diverged)[cached:]
+        assert float((logits - reference).abs().max()) <= 1e-4 * float(reference.abs().max())  # fp32 noise of other matmul shapes
+
+
+def test_lru_eviction_frees_blocks_under_pressure(models):
+    model = models["tiny-qwen3.5"]
+    cache = _cache(model, blocks=12, block_size=16)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(4):  # each turn holds 3 blocks as a frontier
+        cache.make_room(4)
+        _turn(model, cache, torch.randint(0, 512, (40,), generator=g).tolist())
+    assert len(cache.frontiers) <= 4 and cache.pool.free_blocks + sum(len(f.blocks) for f in cache.frontiers) == 12
+    oldest = cache.frontiers[0].tokens
+    cache.make_room(cache.pool.free_blocks + 3)
+    assert all(f.tokens != oldest for f in cache.frontiers)
+
+
+def test_agent_session_hit_rate(models, record_property):
+    """Five turns, each extending the last prompt + reply: everything but the new text is reused."""
+    model = models["tiny-qwen3.5"]
+    cache = _cache(model, blocks=64)
+    g = torch.Generator().manual_seed(4)
+    history = torch.randint(0, 512, (30,), generator=g).tolist()
+    for _ in range(5):
+        _, _, history = _turn(model, cache, history)
+        history = history + torch.randint(0, 512, (8,), generator=g).tolist()
+    s = cache.stats
+    rate = s.cached_tokens / s.prompt_tokens
+    record_property("agent_session_cached_fraction", rate)
+    print(f"hit rate: {s.full_hits} of {s.lookups} lookups, {s.cached_tokens}/{s.prompt_tokens} prompt tokens cached ({rate:.0%})")
+    assert s.full_hits == 4 and s.misses == 1 and rate > 0.6
