@@ -14,7 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .sampling import SamplingParams, accept_or_resample, sample, target_probs
 from .state import SequenceState
+
+GREEDY = SamplingParams()
 
 
 @dataclass
@@ -32,14 +35,24 @@ class SpecStats:
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0
 
 
-def generate_greedy(model, prompt: torch.Tensor, max_new: int) -> list[int]:
+def _generator(params: SamplingParams) -> torch.Generator | None:
+    return None if params.seed is None else torch.Generator().manual_seed(params.seed)
+
+
+def generate(model, prompt: torch.Tensor, max_new: int, params: SamplingParams = GREEDY) -> list[int]:
+    """Plain decoding, one target forward per token."""
+    gen = _generator(params)
     state = SequenceState()
     _, logits = model.forward(prompt, state)
     out: list[int] = []
     while len(out) < max_new:
-        out.append(int(logits[-1].argmax()))
+        out.append(sample(target_probs(logits[-1], params), gen))
         _, logits = model.forward(torch.tensor(out[-1:]), state)
     return out
+
+
+def generate_greedy(model, prompt: torch.Tensor, max_new: int) -> list[int]:
+    return generate(model, prompt, max_new, GREEDY)
 
 
 class MTPDrafter:
@@ -70,12 +83,13 @@ class MTPDrafter:
 
 
 def generate_speculative(model, prompt: torch.Tensor, max_new: int, draft_tokens: int,
-                         drafter: Callable | None = None) -> tuple[list[int], SpecStats]:
-    """Greedy output identical to generate_greedy, in fewer target forwards when drafts are accepted.
-    `drafter(n, out) -> list[int]` overrides the MTP head (tests use it to force acceptance)."""
+                         drafter: Callable | None = None, params: SamplingParams = GREEDY) -> tuple[list[int], SpecStats]:
+    """Same output distribution as `generate` (identical tokens when greedy), in fewer target
+    forwards when drafts are accepted. `drafter(n, out) -> list[int]` overrides the MTP head."""
+    gen = _generator(params)
     state = SequenceState(keep_steps=True)
     hidden, logits = model.forward(prompt, state)
-    out = [int(logits[-1].argmax())]
+    out = [sample(target_probs(logits[-1], params), gen)]
     mtp = None
     if drafter is None:
         mtp = MTPDrafter(model)
@@ -85,11 +99,19 @@ def generate_speculative(model, prompt: torch.Tensor, max_new: int, draft_tokens
     while len(out) < max_new:
         drafts = drafter(min(draft_tokens, max_new - len(out)), out)
         hidden, logits = model.forward(torch.tensor([out[-1], *drafts]), state)
-        target = logits.argmax(-1).tolist()
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == target[accepted]:
-            accepted += 1
-        new = drafts[:accepted] + [target[accepted]]
+        new: list[int] = []
+        for j, d in enumerate(drafts):
+            if params.greedy:  # no randomness at all: accept iff the draft is the argmax
+                token = int(logits[j].argmax())
+                ok = token == d
+            else:
+                ok, token = accept_or_resample(target_probs(logits[j], params), d, gen)
+            new.append(token)
+            if not ok:
+                break
+        else:
+            new.append(sample(target_probs(logits[len(drafts)], params), gen))  # the bonus token
+        accepted = len(new) - 1
         state.rollback(accepted + 1)
         stats.steps += 1
         stats.drafted += len(drafts)

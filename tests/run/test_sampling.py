@@ -1,0 +1,75 @@
+"""Sampling and speculative rejection sampling keep the target distribution (statistical tests)."""
+
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from typer.testing import CliRunner
+
+from ninfer_pack.cli import app
+from ninfer_run.loader import load
+from ninfer_run.sampling import SamplingParams, accept_or_resample, target_probs
+from ninfer_run.spec import generate, generate_speculative
+from ninfer_run.state import SequenceState
+
+runner = CliRunner()
+
+
+def test_top_k_top_p_temperature():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    assert target_probs(logits, SamplingParams()).tolist() == [1, 0, 0, 0, 0]
+    p = target_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert (p[2:] == 0).all() and abs(float(p.sum()) - 1) < 1e-6
+    p = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.5))
+    assert int((p > 0).sum()) == 1
+    hot = target_probs(logits, SamplingParams(temperature=10.0))
+    assert float(hot.max() - hot.min()) < 0.2
+
+
+@pytest.mark.parametrize("draft", [0, 3, 5])
+def test_accept_or_resample_output_is_distributed_as_p(draft):
+    p = torch.tensor([0.05, 0.3, 0.15, 0.2, 0.1, 0.2])
+    g = torch.Generator().manual_seed(draft)
+    counts = torch.zeros(6)
+    for _ in range(20000):
+        counts[accept_or_resample(p, draft, g)[1]] += 1
+    assert chisquare(counts.numpy(), (p * 20000).numpy()).pvalue > 1e-3
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoints, tmp_path_factory):
+    path = tmp_path_factory.mktemp("sampling") / "m.ninfer"
+    src = tiny_checkpoints["tiny-qwen3.5"]
+    assert runner.invoke(app, ["pack", "tiny-qwen3.5", "-p", "bf16", "--source", str(src), "-o", str(path)]).exit_code == 0
+    return load(path).model
+
+
+def test_speculative_sampling_keeps_the_joint_distribution(model):
+    """P(t1, t2) under top-k 3 sampling, exact from the model vs MTP-speculative samples."""
+    params = SamplingParams(temperature=1.0, top_k=3)
+    prompt = torch.randint(0, 512, (6,), generator=torch.Generator().manual_seed(7))
+    _, logits = model.forward(prompt, SequenceState())
+    p1 = target_probs(logits[-1], params)
+    exact = {}
+    for t1 in p1.nonzero().flatten().tolist():
+        _, lg = model.forward(torch.cat((prompt, torch.tensor([t1]))), SequenceState())
+        p2 = target_probs(lg[-1], params)
+        for t2 in p2.nonzero().flatten().tolist():
+            exact[(t1, t2)] = float(p1[t1] * p2[t2])
+    runs = 500
+    counts = dict.fromkeys(exact, 0)
+    for seed in range(runs):
+        out, _ = generate_speculative(model, prompt, 2, 1, params=SamplingParams(1.0, 1.0, 3, seed))
+        counts[tuple(out)] += 1
+    keys = list(exact)
+    assert chisquare([counts[k] for k in keys], [exact[k] * runs for k in keys]).pvalue > 1e-3
+    plain = generate(model, prompt, 2, SamplingParams(1.0, 1.0, 3, 0))
+    assert tuple(plain) in exact
+
+
+def test_seeds_make_sampling_reproducible(model):
+    prompt = torch.randint(0, 512, (5,), generator=torch.Generator().manual_seed(9))
+    a = generate(model, prompt, 8, SamplingParams(0.8, 0.9, 20, 123))
+    b = generate(model, prompt, 8, SamplingParams(0.8, 0.9, 20, 123))
+    c = [generate(model, prompt, 8, SamplingParams(0.8, 0.9, 20, s)) for s in range(5)]
+    assert a == b and any(x != a for x in c)
