@@ -1,0 +1,211 @@
+"""The reference engine: FIFO admission, continuous batching, chunked prefill, prefix reuse, stops.
+
+One `step()` admits waiting requests (up to --max-concurrency, expiring those that waited longer
+than --pending-timeout-ms), then advances every running sequence by one prefill chunk or one
+decode token. On the reference path sequences run one after another inside a step (no batched
+kernels yet); the scheduling, memory accounting and per-request results are the real ones.
+Finished sequences leave a prefix-cache frontier. Cancellation frees a sequence's blocks at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .kv.pool import PoolExhausted
+from .kv.prefix import PrefixCache
+from .sampling import SamplingParams, sample, target_probs
+from .state import SequenceState
+
+log = logging.getLogger("ninfer.engine")
+
+
+class RequestRejected(ValueError):
+    """The request can never run (prompt over the context, empty prompt)."""
+
+
+class AdmissionExpired(TimeoutError):
+    """The request waited in the FIFO queue longer than --pending-timeout-ms."""
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_tokens: int = 256
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop_token_ids: tuple[int, ...] = ()
+    stop: Callable[[list[int]], bool] | None = None  # e.g. stop strings, checked on the decoded tail
+    id: str = ""
+
+
+@dataclass
+class Result:
+    id: str
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
+    error: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    submitted: float = 0.0
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def log_line(self) -> str:
+        """Like the seed engine's: prompt, reuse, TTFT, prefill and decode speeds, output length."""
+        ttft = (self.first_token or self.finished or 0) - self.submitted
+        prefill_s = (self.first_token or 0) - (self.admitted or 0)
+        decode_s = (self.finished or 0) - (self.first_token or 0)
+        prefill_tps = (self.prompt_tokens - self.cached_tokens) / prefill_s if prefill_s > 0 else 0.0
+        decode_tps = (len(self.tokens) - 1) / decode_s if decode_s > 0 and len(self.tokens) > 1 else 0.0
+        return (f"{self.id} prompt={self.prompt_tokens} cached={self.cached_tokens} ttft={ttft:.3f}s "
+                f"prefill={prefill_tps:.0f}tok/s decode={decode_tps:.1f}tok/s out={len(self.tokens)} "
+                f"finish={self.finish_reason}")
+
+
+@dataclass
+class _Running:
+    request: Request
+    result: Result
+    state: SequenceState
+    done_prefill: int  # prompt tokens already in the state
+    logits: torch.Tensor | None = None
+    generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_context: int
+    max_concurrency: int = 1
+    prefill_chunk: int = 1024
+    pending_timeout_ms: int = 600_000
+
+
+class Engine:
+    def __init__(self, model, cache: PrefixCache, config: EngineConfig, clock: Callable[[], float] = time.monotonic):
+        self.model, self.cache, self.config, self.clock = model, cache, config, clock
+        self.waiting: deque[tuple[Request, Result]] = deque()
+        self.running: list[_Running] = []
+        self.results: dict[str, Result] = {}
+        self._ids = itertools.count(1)
+
+    # -- requests ------------------------------------------------------------------------------
+    def submit(self, request: Request) -> Result:
+        if not request.prompt:
+            raise RequestRejected("the prompt is empty")
+        need = len(request.prompt) + request.max_tokens
+        if len(request.prompt) >= self.config.max_context or need > self.config.max_context:
+            raise RequestRejected(f"prompt of {len(request.prompt)} tokens + max_tokens {request.max_tokens} = {need} "
+                                  f"exceeds the context of {self.config.max_context} tokens")
+        request.id = request.id or f"req-{next(self._ids)}"
+        result = Result(request.id, prompt_tokens=len(request.prompt), submitted=self.clock())
+        self.results[request.id] = result
+        self.waiting.append((request, result))
+        return result
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request now; its KV blocks return to the pool before this returns."""
+        for i, (req, res) in enumerate(self.waiting):
+            if req.id == request_id:
+                del self.waiting[i]
+                self._finish_result(res, "cancelled")
+                return
+        for run in self.running:
+            if run.request.id == request_id:
+                self._retire(run, "cancelled", keep_frontier=False)
+                return
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def _admit(self) -> None:
+        now = self.clock()
+        timeout = self.config.pending_timeout_ms / 1000
+        while self.waiting and now - self.waiting[0][1].submitted > timeout:
+            req, res = self.waiting.popleft()
+            res.error = f"expired while waiting for admission ({self.config.pending_timeout_ms} ms)"
+            self._finish_result(res, "error")
+        while self.waiting and len(self.running) < self.config.max_concurrency:
+            req, res = self.waiting.popleft()
+            state, cached = self.cache.start(req.prompt)
+            res.cached_tokens, res.admitted = cached, now
+            gen = None if req.params.seed is None else torch.Generator().manual_seed(req.params.seed)
+            self.running.append(_Running(req, res, state, cached, generator=gen))
+
+    def _ensure_room(self, run: _Running, tokens: int) -> None:
+        bs = self.cache.pool.layout.block_size
+        need = -(-(run.state.length + tokens) // bs) - len(run.state.kv.blocks)
+        if need > 0:
+            self.cache.make_room(need)
+
+    def _advance(self, run: _Running) -> None:
+        req = run.request
+        if run.done_prefill < len(req.prompt):
+            chunk = req.prompt[run.done_prefill : run.done_prefill + self.config.prefill_chunk]
+            self._ensure_room(run, len(chunk))
+            _, logits = self.model.forward(torch.tensor(chunk), run.state)
+            run.done_prefill += len(chunk)
+            if run.done_prefill < len(req.prompt):
+                return
+            run.logits = logits[-1]
+        token = sample(target_probs(run.logits, req.params), run.generator)
+        res = run.result
+        if res.first_token is None:
+            res.first_token = self.clock()
+        res.tokens.append(token)
+        if token in req.stop_token_ids or (req.stop is not None and req.stop(res.tokens)):
+            self._retire(run, "stop")
+            return
+        if len(res.tokens) >= req.max_tokens:
+            self._retire(run, "length")
+            return
+        self._ensure_room(run, 1)
+        _, logits = self.model.forward(torch.tensor([token]), run.state)
+        run.logits = logits[-1]
+
+    def step(self) -> None:
+        self._admit()
+        for run in list(self.running):
+            try:
+                self._advance(run)
+            except PoolExhausted as e:
+                run.result.error = str(e)
+                self._retire(run, "error", keep_frontier=False)
+
+    def run_until_done(self, max_steps: int = 1_000_000) -> None:
+        for _ in range(max_steps):
+            if not self.waiting and not self.running:
+                return
+            self.step()
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def _finish_result(self, res: Result, reason: str) -> None:
+        res.finish_reason, res.finished = reason, self.clock()
+        log.info(res.log_line())
+
+    def _retire(self, run: _Running, reason: str, keep_frontier: bool = True) -> None:
+        self.running.remove(run)
+        tokens = run.request.prompt + run.result.tokens
+        # the last sampled token was never fed to the model; the frontier is what the state holds
+        held = tokens[: run.state.length]
+        if keep_frontier and run.state.length == len(held) and run.done_prefill == len(run.request.prompt):
+            self.cache.insert(held, run.state)
+        else:
+            run.state.kv.release()
+        self._finish_result(run.result, reason)
+
+    def counters(self) -> dict:
+        pool = self.cache.pool
+        return {"queue_depth": len(self.waiting),
+                "prefilling": sum(1 for r in self.running if r.done_prefill < len(r.request.prompt)),
+                "decoding": sum(1 for r in self.running if r.done_prefill >= len(r.request.prompt)),
+                "pool_used_blocks": pool.num_blocks - pool.free_blocks, "pool_blocks": pool.num_blocks,
+                "frontiers": len(self.cache.frontiers)}

@@ -1,0 +1,110 @@
+"""The reference engine: batching gives the same tokens as single runs; admission, limits, cancel, reuse."""
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ninfer_pack.cli import app
+from ninfer_run.engine import Engine, EngineConfig, Request, RequestRejected
+from ninfer_run.kv.pool import BlockPool, KVLayout
+from ninfer_run.kv.prefix import PrefixCache
+from ninfer_run.loader import load
+from ninfer_run.spec import generate_greedy
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoints, tmp_path_factory):
+    path = tmp_path_factory.mktemp("engine") / "m.ninfer"
+    src = tiny_checkpoints["tiny-qwen3.5"]
+    assert runner.invoke(app, ["pack", "tiny-qwen3.5", "-p", "int4", "--source", str(src), "-o", str(path)]).exit_code == 0
+    return load(path).model
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _engine(model, max_context=256, clock=None, **kw):
+    layers = {key: i for i, key in enumerate(model.kv_layers())}
+    c = model.cfg
+    pool = BlockPool.for_context(KVLayout(len(layers), c.num_kv_heads, c.head_dim, block_size=16), max_context)
+    cache = PrefixCache(pool, layers, recurrent_layers=True)
+    return Engine(model, cache, EngineConfig(max_context=max_context, **kw), **({"clock": clock} if clock else {}))
+
+
+def _prompts(n, seed=0, length=20):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 512, (length + 3 * i,), generator=g).tolist() for i in range(n)]
+
+
+def test_batched_chunked_results_equal_single_runs(model):
+    engine = _engine(model, max_context=512, max_concurrency=2, prefill_chunk=7)
+    prompts = _prompts(3)
+    results = [engine.submit(Request(p, max_tokens=10)) for p in prompts]
+    engine.step()
+    assert engine.counters()["queue_depth"] == 1 and len(engine.running) == 2
+    engine.run_until_done()
+    for p, r in zip(prompts, results):
+        assert r.finish_reason == "length" and r.tokens == generate_greedy(model, torch.tensor(p), 10)
+    assert "prompt=20 cached=0" in results[0].log_line() and "decode=" in results[0].log_line()
+
+
+def test_context_limit_is_checked_up_front(model):
+    engine = _engine(model, max_context=64)
+    with pytest.raises(RequestRejected, match="prompt of 60 tokens \\+ max_tokens 10 = 70 exceeds the context of 64"):
+        engine.submit(Request(list(range(60)), max_tokens=10))
+    with pytest.raises(RequestRejected, match="empty"):
+        engine.submit(Request([], max_tokens=10))
+
+
+def test_fifo_admission_expires_with_a_clear_error(model):
+    clock = FakeClock()
+    engine = _engine(model, clock=clock, max_concurrency=1, pending_timeout_ms=500)
+    a = engine.submit(Request(_prompts(1)[0], max_tokens=50))
+    b = engine.submit(Request(_prompts(1, seed=1)[0], max_tokens=5))
+    engine.step()
+    clock.t = 0.6
+    engine.step()
+    assert b.finish_reason == "error" and "expired while waiting for admission (500 ms)" in b.error
+    engine.run_until_done()
+    assert a.finish_reason == "length"
+
+
+def test_cancel_frees_blocks_at_once(model):
+    engine = _engine(model, max_concurrency=2)
+    a = engine.submit(Request(_prompts(1)[0], max_tokens=100))
+    engine.step()
+    engine.step()
+    used = engine.counters()["pool_used_blocks"]
+    assert used > 0
+    engine.cancel(a.id)
+    assert a.finish_reason == "cancelled" and engine.counters()["pool_used_blocks"] == 0 and not engine.running
+
+
+def test_stop_tokens_and_stop_callback(model):
+    prompt = _prompts(1, seed=3)[0]
+    ref = generate_greedy(model, torch.tensor(prompt), 12)
+    engine = _engine(model)
+    r1 = engine.submit(Request(prompt, max_tokens=12, stop_token_ids=(ref[4],)))
+    r2 = engine.submit(Request(prompt, max_tokens=12, stop=lambda toks: len(toks) == 3))
+    engine.run_until_done()
+    assert r1.finish_reason == "stop" and r1.tokens == ref[: ref.index(ref[4]) + 1]
+    assert r2.finish_reason == "stop" and r2.tokens == ref[:3]
+
+
+def test_follow_up_request_reuses_the_frontier(model):
+    engine = _engine(model, max_context=512)
+    prompt = _prompts(1, seed=5)[0]
+    first = engine.submit(Request(prompt, max_tokens=6))
+    engine.run_until_done()
+    follow = prompt + first.tokens + [7, 8, 9]
+    second = engine.submit(Request(follow, max_tokens=6))
+    engine.run_until_done()
+    assert second.cached_tokens == len(prompt) + len(first.tokens) - 1
+    assert second.tokens == generate_greedy(model, torch.tensor(follow), 6)
