@@ -21,6 +21,7 @@ import torch
 from .kv.pool import PoolExhausted
 from .kv.prefix import PrefixCache
 from .sampling import SamplingParams, sample, target_probs
+from .spec import MTPDrafter, SpecStats, verify_step
 from .state import SequenceState
 
 log = logging.getLogger("ninfer.engine")
@@ -81,6 +82,8 @@ class _Running:
     done_prefill: int  # prompt tokens already in the state
     logits: torch.Tensor | None = None
     generator: torch.Generator | None = None
+    drafter: MTPDrafter | None = None
+    hidden: torch.Tensor | None = None  # last prefill chunk's hidden states (for the MTP head)
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class EngineConfig:
     max_concurrency: int = 1
     prefill_chunk: int = 1024
     pending_timeout_ms: int = 600_000
+    draft_tokens: int = 0  # > 0: MTP speculative decoding with this many drafts per step
 
 
 class Engine:
@@ -97,6 +101,7 @@ class Engine:
         self.waiting: deque[tuple[Request, Result]] = deque()
         self.running: list[_Running] = []
         self.results: dict[str, Result] = {}
+        self.spec_stats = SpecStats()
         self._ids = itertools.count(1)
 
     # -- requests ------------------------------------------------------------------------------
@@ -138,7 +143,12 @@ class Engine:
             state, cached = self.cache.start(req.prompt)
             res.cached_tokens, res.admitted = cached, now
             gen = None if req.params.seed is None else torch.Generator().manual_seed(req.params.seed)
-            self.running.append(_Running(req, res, state, cached, generator=gen))
+            drafter = None
+            if self.config.draft_tokens:
+                state.keep_steps = True
+                drafter = MTPDrafter(self.model)
+                drafter.state.length = cached  # positions before the reused prefix have no MTP KV
+            self.running.append(_Running(req, res, state, cached, generator=gen, drafter=drafter))
 
     def _ensure_room(self, run: _Running, tokens: int) -> None:
         bs = self.cache.pool.layout.block_size
@@ -149,27 +159,54 @@ class Engine:
     def _advance(self, run: _Running) -> None:
         req = run.request
         if run.done_prefill < len(req.prompt):
-            chunk = req.prompt[run.done_prefill : run.done_prefill + self.config.prefill_chunk]
+            start = run.done_prefill
+            chunk = req.prompt[start : start + self.config.prefill_chunk]
             self._ensure_room(run, len(chunk))
-            _, logits = self.model.forward(torch.tensor(chunk), run.state)
+            hidden, logits = self.model.forward(torch.tensor(chunk), run.state)
             run.done_prefill += len(chunk)
+            if run.drafter is not None and run.done_prefill < len(req.prompt):
+                run.drafter.observe(hidden, torch.tensor(req.prompt[start + 1 : run.done_prefill + 1]))
             if run.done_prefill < len(req.prompt):
                 return
-            run.logits = logits[-1]
-        token = sample(target_probs(run.logits, req.params), run.generator)
-        res = run.result
-        if res.first_token is None:
-            res.first_token = self.clock()
-        res.tokens.append(token)
-        if token in req.stop_token_ids or (req.stop is not None and req.stop(res.tokens)):
-            self._retire(run, "stop")
+            run.logits, run.hidden = logits[-1], hidden
+        if run.result.first_token is None:
+            token = sample(target_probs(run.logits, req.params), run.generator)
+            run.result.first_token = self.clock()
+            if run.drafter is not None:
+                start = len(req.prompt) - run.hidden.shape[0]
+                run.drafter.observe(run.hidden, torch.tensor(req.prompt[start + 1 :] + [token]))
+            self._emit(run, [token], fed=0)
             return
-        if len(res.tokens) >= req.max_tokens:
-            self._retire(run, "length")
+        last = run.result.tokens[-1]
+        if run.drafter is None:
+            self._ensure_room(run, 1)
+            _, logits = self.model.forward(torch.tensor([last]), run.state)
+            self._emit(run, [sample(target_probs(logits[-1], req.params), run.generator)], fed=1)
             return
-        self._ensure_room(run, 1)
-        _, logits = self.model.forward(torch.tensor([token]), run.state)
-        run.logits = logits[-1]
+        n = min(self.config.draft_tokens, req.max_tokens - len(run.result.tokens))
+        drafts = run.drafter.propose(n)
+        self._ensure_room(run, n + 1)
+        new = verify_step(self.model, run.state, last, drafts, req.params, run.generator, self.spec_stats)
+        run.drafter.observe(run.state.verified_hidden, torch.tensor(new))
+        self._emit(run, new, fed=len(new))
+
+    def _emit(self, run: _Running, new: list[int], fed: int) -> None:
+        """Append sampled tokens, stopping at a stop token/callback or max_tokens. `fed` is how many
+        tokens the last forward fed (the previous token plus accepted drafts); on an early stop the
+        state is rolled back so it holds exactly prompt + output[:-1]."""
+        req, res = run.request, run.result
+        for i, token in enumerate(new):
+            res.tokens.append(token)
+            reason = None
+            if token in req.stop_token_ids or (req.stop is not None and req.stop(res.tokens)):
+                reason = "stop"
+            elif len(res.tokens) >= req.max_tokens:
+                reason = "length"
+            if reason:
+                if fed and i + 1 < fed:
+                    run.state.rollback(i + 1)
+                self._retire(run, reason)
+                return
 
     def step(self) -> None:
         self._admit()
@@ -208,4 +245,5 @@ class Engine:
                 "prefilling": sum(1 for r in self.running if r.done_prefill < len(r.request.prompt)),
                 "decoding": sum(1 for r in self.running if r.done_prefill >= len(r.request.prompt)),
                 "pool_used_blocks": pool.num_blocks - pool.free_blocks, "pool_blocks": pool.num_blocks,
-                "frontiers": len(self.cache.frontiers)}
+                "frontiers": len(self.cache.frontiers), "spec_acceptance_rate": self.spec_stats.acceptance_rate,
+                "spec_tokens_per_step": self.spec_stats.tokens_per_step}

@@ -98,25 +98,34 @@ def generate_speculative(model, prompt: torch.Tensor, max_new: int, draft_tokens
     stats = SpecStats()
     while len(out) < max_new:
         drafts = drafter(min(draft_tokens, max_new - len(out)), out)
-        hidden, logits = model.forward(torch.tensor([out[-1], *drafts]), state)
-        new: list[int] = []
-        for j, d in enumerate(drafts):
-            if params.greedy:  # no randomness at all: accept iff the draft is the argmax
-                token = int(logits[j].argmax())
-                ok = token == d
-            else:
-                ok, token = accept_or_resample(target_probs(logits[j], params), d, gen)
-            new.append(token)
-            if not ok:
-                break
-        else:
-            new.append(sample(target_probs(logits[len(drafts)], params), gen))  # the bonus token
-        accepted = len(new) - 1
-        state.rollback(accepted + 1)
-        stats.steps += 1
-        stats.drafted += len(drafts)
-        stats.accepted += accepted
+        new = verify_step(model, state, out[-1], drafts, params, gen, stats)
         if mtp is not None:
-            mtp.observe(hidden[: accepted + 1], torch.tensor(new))
+            mtp.observe(state.verified_hidden, torch.tensor(new))
         out += new
     return out[:max_new], stats
+
+
+def verify_step(model, state: SequenceState, last: int, drafts: list[int], params: SamplingParams,
+                gen: torch.Generator | None, stats: SpecStats) -> list[int]:
+    """One target forward over [last, *drafts]: the accepted drafts plus one more token (1..N+1).
+    Rolls `state` back to the accepted prefix and leaves its hidden states in state.verified_hidden."""
+    hidden, logits = model.forward(torch.tensor([last, *drafts]), state)
+    new: list[int] = []
+    for j, d in enumerate(drafts):
+        if params.greedy:  # no randomness at all: accept iff the draft is the argmax
+            token = int(logits[j].argmax())
+            ok = token == d
+        else:
+            ok, token = accept_or_resample(target_probs(logits[j], params), d, gen)
+        new.append(token)
+        if not ok:
+            break
+    else:
+        new.append(sample(target_probs(logits[len(drafts)], params), gen))  # the bonus token
+    accepted = len(new) - 1
+    state.rollback(accepted + 1)
+    state.verified_hidden = hidden[: accepted + 1]
+    stats.steps += 1
+    stats.drafted += len(drafts)
+    stats.accepted += accepted
+    return new

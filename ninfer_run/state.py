@@ -60,6 +60,7 @@ class SequenceState:
     keep_steps: bool = False
     steps: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
     last_forward: int = 0
+    verified_hidden: torch.Tensor | None = None  # hidden states of the last verify step's kept tokens
 
     def rollback(self, keep: int) -> None:
         """Keep only the first `keep` (>= 1) tokens of the last forward; later KV slots are overwritten."""

@@ -108,3 +108,21 @@ def test_follow_up_request_reuses_the_frontier(model):
     engine.run_until_done()
     assert second.cached_tokens == len(prompt) + len(first.tokens) - 1
     assert second.tokens == generate_greedy(model, torch.tensor(follow), 6)
+
+
+def test_mtp_speculative_engine_matches_plain_greedy(model):
+    prompts = _prompts(3, seed=11)
+    engine = _engine(model, max_context=512, max_concurrency=3, prefill_chunk=9, draft_tokens=2)
+    refs = [generate_greedy(model, torch.tensor(p), 12) for p in prompts]
+    results = [engine.submit(Request(p, max_tokens=12)) for p in prompts[:2]]
+    results.append(engine.submit(Request(prompts[2], max_tokens=12, stop_token_ids=(refs[2][5],))))
+    engine.run_until_done()
+    assert results[0].tokens == refs[0] and results[1].tokens == refs[1]
+    assert results[2].tokens == refs[2][: refs[2].index(refs[2][5]) + 1] and results[2].finish_reason == "stop"
+    c = engine.counters()
+    assert c["spec_tokens_per_step"] >= 1.0 and 0.0 <= c["spec_acceptance_rate"] <= 1.0
+    # the frontier left after a speculative run is consistent: a follow-up reuses it and stays exact
+    follow = prompts[0] + results[0].tokens + [1, 2, 3]
+    again = engine.submit(Request(follow, max_tokens=5))
+    engine.run_until_done()
+    assert again.cached_tokens > len(prompts[0]) and again.tokens == generate_greedy(model, torch.tensor(follow), 5)
