@@ -1,0 +1,76 @@
+"""CPU figures of the pure-torch reference engine on the tiny hybrid model (issue 4's closing numbers).
+
+    python tools/bench_reference.py [--out out/bench]
+
+Builds the tiny checkpoint, packs it (int4), and reports prefill and decode tok/s, the INT8 KV
+pool's size, prefix-reuse hits over an agent-like session, and MTP acceptance (random weights: the
+draft head is untrained, so acceptance is near zero; the speculative machinery is what is timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench_common import write_results
+from make_tiny_checkpoint import build
+from ninfer_pack.build import PackOptions, run_pack
+from ninfer_run.engine import Engine, EngineConfig, Request
+from ninfer_run.kv.pool import BlockPool, KVLayout
+from ninfer_run.kv.prefix import PrefixCache
+from ninfer_run.loader import load
+
+
+def _engine(model, draft_tokens: int) -> Engine:
+    layers = {key: i for i, key in enumerate(model.kv_layers())}
+    pool = BlockPool.for_context(KVLayout(len(layers), model.cfg.num_kv_heads, model.cfg.head_dim), 4096)
+    return Engine(model, PrefixCache(pool, layers, recurrent_layers=True),
+                  EngineConfig(max_context=4096, max_concurrency=1, prefill_chunk=256, draft_tokens=draft_tokens))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/bench")))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = build("tiny-qwen3.5", Path(tmp) / "ckpt")
+        art = Path(tmp) / "tiny.ninfer"
+        run_pack(PackOptions(model_id="tiny-qwen3.5", profile="int4", source=src, output=art))
+        model = load(art).model
+        g = torch.Generator().manual_seed(0)
+        results = {}
+        for draft in (0, 3):
+            engine = _engine(model, draft)
+            history = torch.randint(0, 512, (400,), generator=g).tolist()
+            turns = []
+            for _ in range(4):
+                r = engine.submit(Request(history, max_tokens=32))
+                engine.run_until_done()
+                turns.append(r)
+                history = history + r.tokens + torch.randint(0, 512, (50,), generator=g).tolist()
+            first = turns[0]
+            prefill_tps = (first.prompt_tokens - first.cached_tokens) / (first.first_token - first.admitted)
+            decode_tps = sum(len(t.tokens) - 1 for t in turns) / sum(t.finished - t.first_token for t in turns)
+            stats = engine.cache.stats
+            results[f"draft{draft}"] = {
+                "prefill_tok_per_s": prefill_tps, "decode_tok_per_s": decode_tps,
+                "cached_fraction": stats.cached_tokens / stats.prompt_tokens,
+                "acceptance_rate": engine.spec_stats.acceptance_rate, "tokens_per_step": engine.spec_stats.tokens_per_step,
+                "log_lines": [t.log_line() for t in turns],
+            }
+            print(f"draft_tokens={draft}: prefill {prefill_tps:.0f} tok/s, decode {decode_tps:.1f} tok/s, "
+                  f"cached {stats.cached_tokens}/{stats.prompt_tokens} prompt tokens, "
+                  f"acceptance {engine.spec_stats.acceptance_rate:.1%}, {engine.spec_stats.tokens_per_step:.2f} tok/step")
+            for t in turns:
+                print("   ", t.log_line())
+        results["threads"] = torch.get_num_threads()
+    write_results(args.out, "bench_reference_cpu", results)
+
+
+if __name__ == "__main__":
+    main()
