@@ -53,6 +53,8 @@ class Result:
     error: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
     submitted: float = 0.0
     admitted: float | None = None
     first_token: float | None = None
@@ -69,8 +71,9 @@ class Result:
         decode_s = (self.finished or 0) - (self.first_token or 0)
         prefill_tps = (self.prompt_tokens - self.cached_tokens) / prefill_s if prefill_s > 0 else 0.0
         decode_tps = (len(self.tokens) - 1) / decode_s if decode_s > 0 and len(self.tokens) > 1 else 0.0
+        accept = f"{self.accepted / self.drafted:.2f}" if self.drafted else "-"
         return (f"{self.id} prompt={self.prompt_tokens} cached={self.cached_tokens} ttft={ttft:.3f}s "
-                f"prefill={prefill_tps:.0f}tok/s decode={decode_tps:.1f}tok/s out={len(self.tokens)} "
+                f"prefill={prefill_tps:.0f}tok/s decode={decode_tps:.1f}tok/s accept={accept} out={len(self.tokens)} "
                 f"finish={self.finish_reason}")
 
 
@@ -187,6 +190,8 @@ class Engine:
         drafts = run.drafter.propose(n)
         self._ensure_room(run, n + 1)
         new = verify_step(self.model, run.state, last, drafts, req.params, run.generator, self.spec_stats)
+        run.result.drafted += len(drafts)
+        run.result.accepted += len(new) - 1
         run.drafter.observe(run.state.verified_hidden, torch.tensor(new))
         self._emit(run, new, fed=len(new))
 

@@ -52,7 +52,8 @@ def test_batched_chunked_results_equal_single_runs(model):
     engine.run_until_done()
     for p, r in zip(prompts, results):
         assert r.finish_reason == "length" and r.tokens == generate_greedy(model, torch.tensor(p), 10)
-    assert "prompt=20 cached=0" in results[0].log_line() and "decode=" in results[0].log_line()
+    line = results[0].log_line()
+    assert line.startswith(f"{results[0].id} prompt=20 cached=0 ttft=") and "decode=" in line and "accept=- out=10" in line
 
 
 def test_context_limit_is_checked_up_front(model):
@@ -119,6 +120,7 @@ def test_mtp_speculative_engine_matches_plain_greedy(model):
     engine.run_until_done()
     assert results[0].tokens == refs[0] and results[1].tokens == refs[1]
     assert results[2].tokens == refs[2][: refs[2].index(refs[2][5]) + 1] and results[2].finish_reason == "stop"
+    assert all(r.drafted > 0 and f"accept={r.accepted / r.drafted:.2f}" in r.log_line() for r in results)
     c = engine.counters()
     assert c["spec_tokens_per_step"] >= 1.0 and 0.0 <= c["spec_acceptance_rate"] <= 1.0
     # the frontier left after a speculative run is consistent: a follow-up reuses it and stays exact
