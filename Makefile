@@ -14,7 +14,8 @@ install:
 	$(BIN)/pip install -q --no-deps 'nvidia-modelopt==0.47.*'
 
 test:
-	$(BIN)/python -m pytest -q -x --durations=10
+	$(BIN)/ruff check formats registry ninfer_pack ninfer_run tools tests
+	$(BIN)/python -m pytest -q --durations=10
 
 golden:
 	$(BIN)/python tools/gen_golden.py

@@ -26,8 +26,8 @@ import xxhash
 import zstandard
 
 from . import constants as C
-from .errors import FormatError
 from .compliance import check_compliance
+from .errors import FormatError
 from .manifest import check_name, parse_manifest
 from .quants import PartSpec
 

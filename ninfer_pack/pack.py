@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from ninfer_format import ArtifactWriter, dequantize, entry_sha256
-from ninfer_format.quants import row_slices
 from ninfer_format.constants import DTYPE_NAMES
 from ninfer_format.layouts import apply_layout
+from ninfer_format.quants import row_slices
 from ninfer_registry import RegistryEntry, scheme_classes
 
 from .plan import PlannedTensor, build_plan, stored_bytes

@@ -23,7 +23,7 @@ def check(path: Path = typer.Argument(..., help="a .ninfer file"),
             total = sum(p.length for t in m.tensors for p in t.parts)
     except (FormatError, OSError) as err:
         typer.echo(f"error: {path}: {err}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     for problem in problems:
         typer.echo(f"error: {problem}", err=True)
     typer.echo(f"{path}: {m.registry_id} {m.quantization['profile']} {m.target}, {len(m.tensors)} tensors, "

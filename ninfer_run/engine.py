@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kv.pool import PoolExhausted
+from .kv.pool import BlockPool, KVLayout, PoolExhausted
 from .kv.prefix import PrefixCache
 from .sampling import SamplingParams, sample, target_probs
 from .spec import MTPDrafter, SpecStats, verify_step
@@ -96,6 +96,16 @@ class EngineConfig:
     prefill_chunk: int = 1024
     pending_timeout_ms: int = 600_000
     draft_tokens: int = 0  # > 0: MTP speculative decoding with this many drafts per step
+
+
+def build_engine(model, config: EngineConfig, kv_dtype: str = "int8", block_size: int = 64,
+                 max_frontiers: int = 64, clock: Callable[[], float] = time.monotonic) -> Engine:
+    """An engine over a KV pool of exactly --max-context tokens for `model`."""
+    layers = {key: i for i, key in enumerate(model.kv_layers())}
+    layout = KVLayout(len(layers), model.cfg.num_kv_heads, model.cfg.head_dim, block_size, kv_dtype)
+    recurrent = "linear_attention" in getattr(model.cfg, "layer_types", ())
+    cache = PrefixCache(BlockPool.for_context(layout, config.max_context), layers, recurrent, max_frontiers)
+    return Engine(model, cache, config, clock)
 
 
 class Engine:

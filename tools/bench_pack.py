@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from bench_common import write_results
 from ninfer_format.rules import expand
 from ninfer_registry import load
+
+from bench_common import write_results
 
 MODEL = "bench-qwen3.8-4layer"
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from bench_common import write_results
 from ninfer_pack.quant import quantize_int, quantize_nvfp4
+
+from bench_common import write_results
 
 N, K = 17408, 5120
 CASES = {"nvfp4": lambda w: quantize_nvfp4(w), "int4-g128": lambda w: quantize_int(w, 4, 128, True)}

@@ -12,25 +12,21 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from ninfer_pack.build import PackOptions, run_pack
+from ninfer_run.engine import Engine, EngineConfig, Request, build_engine
+from ninfer_run.loader import load
+
 from bench_common import write_results
 from make_tiny_checkpoint import build
-from ninfer_pack.build import PackOptions, run_pack
-from ninfer_run.engine import Engine, EngineConfig, Request
-from ninfer_run.kv.pool import BlockPool, KVLayout
-from ninfer_run.kv.prefix import PrefixCache
-from ninfer_run.loader import load
 
 
 def _engine(model, draft_tokens: int) -> Engine:
-    layers = {key: i for i, key in enumerate(model.kv_layers())}
-    pool = BlockPool.for_context(KVLayout(len(layers), model.cfg.num_kv_heads, model.cfg.head_dim), 4096)
-    return Engine(model, PrefixCache(pool, layers, recurrent_layers=True),
-                  EngineConfig(max_context=4096, max_concurrency=1, prefill_chunk=256, draft_tokens=draft_tokens))
+    return build_engine(model, EngineConfig(max_context=4096, max_concurrency=1, prefill_chunk=256,
+                                            draft_tokens=draft_tokens))
 
 
 def main() -> None:

@@ -18,10 +18,11 @@ from pathlib import Path
 import psutil
 import torch
 
-from bench_common import write_results
 from ninfer_format.rules import expand
 from ninfer_pack.pack import pack
 from ninfer_registry import load
+
+from bench_common import write_results
 
 MODEL = "bench-qwen3.8-4layer"
 

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from gen_golden import build, describe
 from tests.conftest import GOLDEN, GOLDEN_STEMS
+
+from gen_golden import build, describe
 
 
 @pytest.mark.parametrize("stem", GOLDEN_STEMS)

@@ -2,24 +2,14 @@
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from ninfer_pack.cli import app
-from ninfer_run.engine import Engine, EngineConfig, Request, RequestRejected
-from ninfer_run.kv.pool import BlockPool, KVLayout
-from ninfer_run.kv.prefix import PrefixCache
-from ninfer_run.loader import load
+from ninfer_run.engine import EngineConfig, Request, RequestRejected, build_engine
 from ninfer_run.spec import generate_greedy
-
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def model(tiny_checkpoints, tmp_path_factory):
-    path = tmp_path_factory.mktemp("engine") / "m.ninfer"
-    src = tiny_checkpoints["tiny-qwen3.5"]
-    assert runner.invoke(app, ["pack", "tiny-qwen3.5", "-p", "int4", "--source", str(src), "-o", str(path)]).exit_code == 0
-    return load(path).model
+def model(tiny_model):
+    return tiny_model("tiny-qwen3.5", "int4")
 
 
 class FakeClock:
@@ -31,11 +21,8 @@ class FakeClock:
 
 
 def _engine(model, max_context=256, clock=None, **kw):
-    layers = {key: i for i, key in enumerate(model.kv_layers())}
-    c = model.cfg
-    pool = BlockPool.for_context(KVLayout(len(layers), c.num_kv_heads, c.head_dim, block_size=16), max_context)
-    cache = PrefixCache(pool, layers, recurrent_layers=True)
-    return Engine(model, cache, EngineConfig(max_context=max_context, **kw), **({"clock": clock} if clock else {}))
+    return build_engine(model, EngineConfig(max_context=max_context, **kw), block_size=16,
+                        **({"clock": clock} if clock else {}))
 
 
 def _prompts(n, seed=0, length=20):

@@ -2,15 +2,10 @@
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from ninfer_pack.cli import app
 from ninfer_run.kv.pool import BlockPool, KVLayout, PoolExhausted
 from ninfer_run.kv.quant import dequantize_kv, quantize_kv
-from ninfer_run.loader import load
 from ninfer_run.state import DenseKV, PagedKV, SequenceState
-
-runner = CliRunner()
 
 
 def test_int8_group64_roundtrip_error_bound():
@@ -52,17 +47,6 @@ def test_pool_write_read(dtype):
     assert float((rk - k).abs().max()) < tol * float(k.abs().max()) and float((rv - v).abs().max()) < tol * float(v.abs().max())
 
 
-@pytest.fixture(scope="module")
-def bf16_artifacts(tiny_checkpoints, tmp_path_factory):
-    root = tmp_path_factory.mktemp("kv")
-    out = {}
-    for model_id, src in tiny_checkpoints.items():
-        path = root / f"{model_id}.ninfer"
-        assert runner.invoke(app, ["pack", model_id, "-p", "bf16", "--source", str(src), "-o", str(path)]).exit_code == 0
-        out[model_id] = path
-    return out
-
-
 def _run(model, tokens, kv):
     state = SequenceState(kv=kv)
     _, first = model.forward(tokens[:25], state)
@@ -71,8 +55,8 @@ def _run(model, tokens, kv):
 
 
 @pytest.mark.parametrize("model_id", ["tiny-qwen3.5", "tiny-qwen3"])
-def test_paged_kv_logits_and_int8_accuracy_cost(model_id, bf16_artifacts, record_property):
-    model = load(bf16_artifacts[model_id]).model
+def test_paged_kv_logits_and_int8_accuracy_cost(model_id, tiny_model, record_property):
+    model = tiny_model(model_id)
     c = model.cfg
     tokens = torch.randint(0, 512, (60,))
     layers = {key: i for i, key in enumerate(model.kv_layers())}

@@ -2,28 +2,17 @@
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from ninfer_pack.cli import app
 from ninfer_run.loader import load
 from ninfer_run.state import SequenceState
 
 transformers = pytest.importorskip("transformers")
-runner = CliRunner()
 MODELS = ["tiny-qwen3.5", "tiny-qwen3"]
 
 
 @pytest.fixture(scope="module")
-def artifacts(tiny_checkpoints, tmp_path_factory):
-    out = {}
-    root = tmp_path_factory.mktemp("run")
-    for model_id, src in tiny_checkpoints.items():
-        for profile in ("bf16", "nvfp4", "int4"):
-            path = root / f"{model_id}-{profile}.ninfer"
-            r = runner.invoke(app, ["pack", model_id, "-p", profile, "--source", str(src), "-o", str(path)])
-            assert r.exit_code == 0, r.output
-            out[(model_id, profile)] = path
-    return out
+def artifacts(packed):
+    return {(m, p): packed(m, p) for m in MODELS for p in ("bf16", "nvfp4", "int4")}
 
 
 def _hf(src, weights=None):

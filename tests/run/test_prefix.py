@@ -2,33 +2,18 @@
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from ninfer_pack.cli import app
-from ninfer_run.kv.pool import BlockPool, KVLayout
-from ninfer_run.kv.prefix import PrefixCache
-from ninfer_run.loader import load
+from ninfer_run.engine import EngineConfig, build_engine
 from ninfer_run.state import PagedKV, SequenceState
-
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def models(tiny_checkpoints, tmp_path_factory):
-    root = tmp_path_factory.mktemp("prefix")
-    out = {}
-    for model_id, src in tiny_checkpoints.items():
-        path = root / f"{model_id}.ninfer"
-        assert runner.invoke(app, ["pack", model_id, "-p", "bf16", "--source", str(src), "-o", str(path)]).exit_code == 0
-        out[model_id] = load(path).model
-    return out
+def models(tiny_model):
+    return {model_id: tiny_model(model_id) for model_id in ("tiny-qwen3.5", "tiny-qwen3")}
 
 
 def _cache(model, blocks=64, block_size=16):
-    layers = {key: i for i, key in enumerate(model.kv_layers())}
-    c = model.cfg
-    pool = BlockPool(KVLayout(len(layers), c.num_kv_heads, c.head_dim, block_size=block_size), blocks)
-    return PrefixCache(pool, layers, recurrent_layers=hasattr(c, "layer_types") and "linear_attention" in c.layer_types)
+    return build_engine(model, EngineConfig(max_context=blocks * block_size), block_size=block_size).cache
 
 
 def _fresh_logits(model, cache, tokens):
@@ -39,15 +24,15 @@ def _fresh_logits(model, cache, tokens):
 
 
 def _turn(model, cache, prompt, reply_len=6):
-    """One request: prefill what is not cached, greedy reply, leave a frontier. -> (cached, logits of uncached part)."""
+    """One request: prefill what is not cached, greedy reply, leave a frontier. -> (cached, prefill logits, tokens)."""
     state, cached = cache.start(prompt)
     _, logits = model.forward(torch.tensor(prompt[cached:]), state)
-    tokens = list(prompt)
+    prefill_logits, tokens = logits, list(prompt)
     for _ in range(reply_len):
-        tokens.append(int(logits[-1].argmax()) if len(tokens) == len(prompt) else int(step[-1].argmax()))
-        _, step = model.forward(torch.tensor(tokens[-1:]), state)
+        tokens.append(int(logits[-1].argmax()))
+        _, logits = model.forward(torch.tensor(tokens[-1:]), state)
     cache.insert(tokens, state)
-    return cached, logits, tokens
+    return cached, prefill_logits, tokens
 
 
 @pytest.mark.parametrize("model_id", ["tiny-qwen3.5", "tiny-qwen3"])

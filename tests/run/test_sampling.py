@@ -4,15 +4,10 @@
 import pytest
 import torch
 from scipy.stats import chisquare
-from typer.testing import CliRunner
 
-from ninfer_pack.cli import app
-from ninfer_run.loader import load
 from ninfer_run.sampling import SamplingParams, accept_or_resample, target_probs
 from ninfer_run.spec import generate, generate_speculative
 from ninfer_run.state import SequenceState
-
-runner = CliRunner()
 
 
 def test_top_k_top_p_temperature():
@@ -37,11 +32,8 @@ def test_accept_or_resample_output_is_distributed_as_p(draft):
 
 
 @pytest.fixture(scope="module")
-def model(tiny_checkpoints, tmp_path_factory):
-    path = tmp_path_factory.mktemp("sampling") / "m.ninfer"
-    src = tiny_checkpoints["tiny-qwen3.5"]
-    assert runner.invoke(app, ["pack", "tiny-qwen3.5", "-p", "bf16", "--source", str(src), "-o", str(path)]).exit_code == 0
-    return load(path).model
+def model(tiny_model):
+    return tiny_model("tiny-qwen3.5")
 
 
 def test_speculative_sampling_keeps_the_joint_distribution(model):

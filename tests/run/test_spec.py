@@ -2,24 +2,13 @@
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from ninfer_pack.cli import app
-from ninfer_run.loader import load
 from ninfer_run.spec import MTPDrafter, generate_greedy, generate_speculative
-
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def models(tiny_checkpoints, tmp_path_factory):
-    root = tmp_path_factory.mktemp("spec")
-    out = {}
-    for model_id, src in tiny_checkpoints.items():
-        path = root / f"{model_id}.ninfer"
-        assert runner.invoke(app, ["pack", model_id, "-p", "nvfp4", "--source", str(src), "-o", str(path)]).exit_code == 0
-        out[model_id] = load(path).model
-    return out
+def models(tiny_model):
+    return {model_id: tiny_model(model_id, "nvfp4") for model_id in ("tiny-qwen3.5", "tiny-qwen3")}
 
 
 @pytest.mark.parametrize("draft_tokens", [1, 2, 3])
