@@ -22,7 +22,7 @@ from .kv.pool import BlockPool, KVLayout, PoolExhausted
 from .kv.prefix import PrefixCache
 from .sampling import SamplingParams, sample, target_probs
 from .spec import MTPDrafter, SpecStats, verify_step
-from .state import SequenceState
+from .state import PagedKV, SequenceState
 
 log = logging.getLogger("ninfer.engine")
 
@@ -100,17 +100,25 @@ class EngineConfig:
 
 def build_engine(model, config: EngineConfig, kv_dtype: str = "int8", block_size: int = 64,
                  max_frontiers: int = 64, clock: Callable[[], float] = time.monotonic) -> Engine:
-    """An engine over a KV pool of exactly --max-context tokens for `model`."""
+    """An engine over a KV pool of exactly --max-context tokens for `model`; with speculative
+    decoding the MTP layer gets a one-layer pool of the same token capacity."""
     layers = {key: i for i, key in enumerate(model.kv_layers())}
     layout = KVLayout(len(layers), model.cfg.num_kv_heads, model.cfg.head_dim, block_size, kv_dtype)
     recurrent = "linear_attention" in getattr(model.cfg, "layer_types", ())
     cache = PrefixCache(BlockPool.for_context(layout, config.max_context), layers, recurrent, max_frontiers)
-    return Engine(model, cache, config, clock)
+    mtp_pool = None
+    if config.draft_tokens:
+        mtp_layout = KVLayout(1, model.cfg.num_kv_heads, model.cfg.head_dim, block_size, kv_dtype)
+        mtp_pool = BlockPool.for_context(mtp_layout, config.max_context)
+    return Engine(model, cache, config, clock, mtp_pool)
 
 
 class Engine:
-    def __init__(self, model, cache: PrefixCache, config: EngineConfig, clock: Callable[[], float] = time.monotonic):
-        self.model, self.cache, self.config, self.clock = model, cache, config, clock
+    def __init__(self, model, cache: PrefixCache, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
+                 mtp_pool: BlockPool | None = None):
+        if config.draft_tokens and mtp_pool is None:
+            raise ValueError("speculative decoding needs a KV pool for the MTP layer (use build_engine)")
+        self.model, self.cache, self.config, self.clock, self.mtp_pool = model, cache, config, clock, mtp_pool
         self.waiting: deque[tuple[Request, Result]] = deque()
         self.running: list[_Running] = []
         self.results: dict[str, Result] = {}
@@ -159,8 +167,8 @@ class Engine:
             drafter = None
             if self.config.draft_tokens:
                 state.keep_steps = True
-                drafter = MTPDrafter(self.model)
-                drafter.state.length = cached  # positions before the reused prefix have no MTP KV
+                # the head's KV lives in the same pool; it starts at the end of a reused prefix
+                drafter = MTPDrafter(self.model, PagedKV(self.mtp_pool, {-1: 0}), position_offset=cached)
             self.running.append(_Running(req, res, state, cached, generator=gen, drafter=drafter))
 
     def _ensure_room(self, run: _Running, tokens: int) -> None:
@@ -252,6 +260,8 @@ class Engine:
             self.cache.insert(held, run.state)
         else:
             run.state.kv.release()
+        if run.drafter is not None:
+            run.drafter.state.kv.release()
         self._finish_result(run.result, reason)
 
     def counters(self) -> dict:

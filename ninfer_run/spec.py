@@ -58,11 +58,14 @@ def generate_greedy(model, prompt: torch.Tensor, max_new: int) -> list[int]:
 class MTPDrafter:
     """Proposes tokens with the artifact's MTP head; keeps the head's KV in step with the target."""
 
-    def __init__(self, model):
+    def __init__(self, model, kv=None, position_offset: int = 0):
+        """`kv`: where the head keeps its KV (the engine's pool; a dense store by default).
+        `position_offset`: the first position it will see (after a reused prefix it has no KV for)."""
         if not model.has_mtp:
             raise ValueError("this artifact has no MTP head (packed with --no-mtp, or the model has none)")
-        self.model, self.state = model, SequenceState()
-        self._hidden = self._token = None
+        self.model = model
+        self.state = SequenceState(position_offset=position_offset, **({"kv": kv} if kv is not None else {}))
+        self._hidden = self._logits = None
 
     def observe(self, hidden: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Feed verified target hidden states h_t with their successor tokens x_{t+1}."""

@@ -51,7 +51,8 @@ class PagedKV:
 
 @dataclass
 class SequenceState:
-    length: int = 0
+    length: int = 0  # tokens held (KV slots / recurrent steps)
+    position_offset: int = 0  # RoPE position of slot 0 (an MTP head that joins after a reused prefix)
     kv: DenseKV | PagedKV = field(default_factory=DenseKV)
     conv: dict[int, torch.Tensor] = field(default_factory=dict)
     recurrent: dict[int, torch.Tensor] = field(default_factory=dict)

@@ -114,7 +114,7 @@ class Model:
         k = rms_norm(F.linear(x, w("self_attn.k_proj.weight")).view(t, c.num_kv_heads, c.head_dim),
                      w("self_attn.k_norm.weight"), c.eps, 1.0)
         v = F.linear(x, w("self_attn.v_proj.weight")).view(t, c.num_kv_heads, c.head_dim)
-        positions = torch.arange(state.length, state.length + t)
+        positions = torch.arange(state.length, state.length + t) + state.position_offset
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_theta, x.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k, v = state.kv.append(key, state.length, k, v)

@@ -115,3 +115,4 @@ def test_mtp_speculative_engine_matches_plain_greedy(model):
     again = engine.submit(Request(follow, max_tokens=5))
     engine.run_until_done()
     assert again.cached_tokens > len(prompts[0]) and again.tokens == generate_greedy(model, torch.tensor(follow), 5)
+    assert engine.mtp_pool.free_blocks == engine.mtp_pool.num_blocks  # the MTP head's KV is returned
