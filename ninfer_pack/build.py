@@ -115,13 +115,20 @@ def run_pack(opts: PackOptions) -> dict:
     wanted = expand(entry.resolved, ckpt.config, parts)
     total = sum(math.prod(t.shape) for t in wanted.values())
     bar = tqdm(total=2 * total, unit="B", unit_scale=True, desc=f"pack {entry.id}", disable=not opts.progress)
+    done = [0]
+
+    def progress(p, nbytes: int) -> None:
+        done[0] += 1
+        bar.update(nbytes)
+        bar.set_postfix_str(f"tensor {done[0]}/{len(wanted)} {p.plan.name[-40:]}")
+
     overrides = {"lm_head": opts.lm_head} if opts.lm_head else None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         result = pack(entry, ckpt.config, {n: ckpt.loader(n) for n in wanted},
                       {n: ckpt.tensors[n].dtype for n in wanted}, out, profile=opts.profile, target=opts.target,
                       parts=parts, blobs=blobs, provenance=provenance, class_overrides=overrides, device=opts.device,
-                      overwrite=opts.force, before_close=fill_digests, progress=lambda p, nbytes: (bar.update(nbytes), bar.set_postfix_str(p.plan.name[-40:])))
+                      overwrite=opts.force, before_close=fill_digests, progress=progress)
     finally:
         signal.signal(signal.SIGTERM, previous)
         bar.close()
