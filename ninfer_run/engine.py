@@ -43,6 +43,10 @@ class Request:
     stop_token_ids: tuple[int, ...] = ()
     stop: Callable[[list[int]], bool] | None = None  # e.g. stop strings, checked on the decoded tail
     id: str = ""
+    on_update: Callable[[Result], None] | None = None  # called (engine thread) after new tokens and at the end
+    # prompt positions to keep a prefix-cache frontier at (e.g. where the chat template's generation
+    # prompt starts: the next turn re-renders the reply differently but shares everything before it)
+    snapshot_at: tuple[int, ...] = ()
 
 
 @dataclass
@@ -123,6 +127,7 @@ class Engine:
         self.running: list[_Running] = []
         self.results: dict[str, Result] = {}
         self.spec_stats = SpecStats()
+        self._listeners: dict[str, Callable[[Result], None]] = {}
         self._ids = itertools.count(1)
 
     # -- requests ------------------------------------------------------------------------------
@@ -136,6 +141,8 @@ class Engine:
         request.id = request.id or f"req-{next(self._ids)}"
         result = Result(request.id, prompt_tokens=len(request.prompt), submitted=self.clock())
         self.results[request.id] = result
+        if request.on_update is not None:
+            self._listeners[request.id] = request.on_update
         self.waiting.append((request, result))
         return result
 
@@ -181,10 +188,13 @@ class Engine:
         req = run.request
         if run.done_prefill < len(req.prompt):
             start = run.done_prefill
-            chunk = req.prompt[start : start + self.config.prefill_chunk]
+            end = min([start + self.config.prefill_chunk] + [p for p in req.snapshot_at if start < p < len(req.prompt)])
+            chunk = req.prompt[start:end]
             self._ensure_room(run, len(chunk))
             hidden, logits = self.model.forward(torch.tensor(chunk), run.state)
             run.done_prefill += len(chunk)
+            if run.done_prefill in req.snapshot_at and run.done_prefill < len(req.prompt):
+                self.cache.snapshot(req.prompt[: run.done_prefill], run.state)
             if run.drafter is not None and run.done_prefill < len(req.prompt):
                 run.drafter.observe(hidden, torch.tensor(req.prompt[start + 1 : run.done_prefill + 1]))
             if run.done_prefill < len(req.prompt):
@@ -230,6 +240,7 @@ class Engine:
                     run.state.rollback(i + 1)
                 self._retire(run, reason)
                 return
+        self._notify(res)
 
     def step(self) -> None:
         self._admit()
@@ -250,6 +261,14 @@ class Engine:
     def _finish_result(self, res: Result, reason: str) -> None:
         res.finish_reason, res.finished = reason, self.clock()
         log.info(res.log_line())
+        self._notify(res)
+
+    def _notify(self, res: Result) -> None:
+        listener = self._listeners.get(res.id)
+        if listener is not None:
+            listener(res)
+            if res.done:
+                del self._listeners[res.id]
 
     def _retire(self, run: _Running, reason: str, keep_frontier: bool = True) -> None:
         self.running.remove(run)

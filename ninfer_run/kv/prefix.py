@@ -72,6 +72,21 @@ class PrefixCache:
         while len(self.frontiers) > self.max_frontiers:
             self._evict_one()
 
+    def snapshot(self, tokens: list[int], state: SequenceState) -> None:
+        """Keep a frontier at this point of a running sequence, which goes on using its blocks: the
+        frontier shares (retains) them. Safe because a sequence never rewrites positions it already
+        holds, and whoever resumes from the frontier copies its partial last block."""
+        if not isinstance(state.kv, PagedKV) or state.length != len(tokens):
+            raise ValueError("a snapshot needs paged KV covering exactly its tokens")
+        if any(f.tokens == tuple(tokens) for f in self.frontiers):
+            return
+        blocks = state.kv.blocks[: -(-len(tokens) // self.pool.layout.block_size)]
+        self.pool.retain(blocks)
+        self.frontiers.append(Frontier(tuple(tokens), list(blocks), {k: v.clone() for k, v in state.conv.items()},
+                                       {k: v.clone() for k, v in state.recurrent.items()}, next(self._clock)))
+        while len(self.frontiers) > self.max_frontiers:
+            self._evict_one()
+
     def _evict_one(self) -> bool:
         if not self.frontiers:
             return False

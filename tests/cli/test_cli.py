@@ -52,7 +52,7 @@ def test_verify_ok_and_defective(tmp_path):
 
 
 def test_ninfer_run_check():
-    r = runner.invoke(run_app, [NVFP4, "--checksums"])
+    r = runner.invoke(run_app, ["check", NVFP4, "--checksums"])
     assert r.exit_code == 0 and "checksums ok" in r.output
 
 

@@ -1,0 +1,1 @@
+"""HTTP server: OpenAI-compatible API over the engine (Anthropic API and metrics are next)."""
