@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 import ninfer_registry
-from ninfer_format.constants import BLOB_NAMES, TARGETS
+from ninfer_format.constants import BLOB_NAMES
 from ninfer_format.rules import expand
 
 from . import __version__
@@ -81,7 +81,7 @@ def _clean_stale_temps(out: Path) -> None:
 
 
 def _validate_options(opts: PackOptions, entry) -> None:
-    if opts.target not in TARGETS or opts.target not in entry.targets:
+    if opts.target not in entry.targets:  # the registry loader keeps entry targets within the format's
         raise ValueError(f"target {opts.target!r} is not allowed for {entry.id} (allowed: {', '.join(entry.targets)})")
     if opts.profile not in entry.profiles:
         raise ValueError(f"profile {opts.profile!r} is not allowed for {entry.id} (allowed: {', '.join(entry.profiles)})")

@@ -41,6 +41,17 @@ def _sq_norm(x: torch.Tensor) -> float:
     return float(torch.dot(flat, flat)) if flat.numel() else 0.0
 
 
+def slab_errors(scheme: dict, shape: tuple[int, ...], parts: dict[str, torch.Tensor], ref: torch.Tensor,
+                every: int = 1):
+    """Yield (slab parts, source rows as float32, dequantized - source) one row slab at a time
+    (every `every`-th slab), so error checks stay bounded in memory for any tensor size."""
+    for i, (r0, r1, slab) in enumerate(row_slices(scheme, shape, parts)):
+        if i % every:
+            continue
+        x = ref[r0:r1].float() if ref.ndim else ref.float()
+        yield slab, x, dequantize(scheme, (r1 - r0, *shape[1:]), slab).reshape(x.shape) - x
+
+
 @dataclass
 class ErrorStats:
     """Per-class quantization error: sums for a size-weighted relative RMS error, and the worst case."""
@@ -56,11 +67,7 @@ class ErrorStats:
         self.tensors += 1
         if scheme["kind"] == "plain" and _exact_cast(ref.dtype, parts["data"].dtype):
             return  # widening or identical: the stored values are the source values, error exactly 0
-        for i, (r0, r1, slab) in enumerate(row_slices(scheme, shape, parts)):
-            if i % sample_every:
-                continue
-            x = ref[r0:r1].float() if ref.ndim else ref.float()
-            diff = dequantize(scheme, (r1 - r0, *shape[1:]), slab).reshape(x.shape) - x
+        for _, x, diff in slab_errors(scheme, shape, parts, ref, sample_every):
             self.sq_err += _sq_norm(diff)
             self.sq_ref += _sq_norm(x)
             self.max_abs = max(self.max_abs, float(diff.abs().max()) if diff.numel() else 0.0)

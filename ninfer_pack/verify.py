@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 import ninfer_registry
-from ninfer_format import Artifact, FormatError, dequantize
-from ninfer_format.quants import row_slices
+from ninfer_format import Artifact, FormatError
 
+from .pack import slab_errors
 from .source import SourceError, open_checkpoint
 
 
@@ -57,9 +57,8 @@ def _numeric_check(a: Artifact, source: Path) -> dict:
             continue
         parts = a.logical_parts(t.name)
         ratio, err_max = 0.0, 0.0
-        for r0, r1, slab in row_slices(t.scheme, t.logical_shape, parts):
-            x = ref[r0:r1] if ref.ndim else ref
-            err = (dequantize(t.scheme, (r1 - r0, *t.logical_shape[1:]), slab).reshape(x.shape) - x.float()).abs()
+        for slab, x, diff in slab_errors(t.scheme, t.logical_shape, parts, ref):
+            err = diff.abs()
             if err.numel():
                 ratio = max(ratio, float((err / error_bound(t.scheme, slab, x)).max()))
                 err_max = max(err_max, float(err.max()))

@@ -31,10 +31,6 @@ class RequestRejected(ValueError):
     """The request can never run (prompt over the context, empty prompt)."""
 
 
-class AdmissionExpired(TimeoutError):
-    """The request waited in the FIFO queue longer than --pending-timeout-ms."""
-
-
 @dataclass
 class Request:
     prompt: list[int]
@@ -163,7 +159,7 @@ class Engine:
         now = self.clock()
         timeout = self.config.pending_timeout_ms / 1000
         while self.waiting and now - self.waiting[0][1].submitted > timeout:
-            req, res = self.waiting.popleft()
+            _, res = self.waiting.popleft()
             res.error = f"expired while waiting for admission ({self.config.pending_timeout_ms} ms)"
             self._finish_result(res, "error")
         while self.waiting and len(self.running) < self.config.max_concurrency:

@@ -31,8 +31,8 @@ class NonFiniteWeight(ValueError):
 
 
 def abs_max(w: torch.Tensor, name: str = "weight") -> torch.Tensor:
-    """max |w| as float32, in one pass (aminmax); NaN/Inf anywhere make it non-finite, so this is
-    also the finiteness check: no NVFP4/int reference handles NaN/Inf, so we refuse them up front."""
+    """max |w| as float32 in one pass (aminmax); NaN/Inf make it non-finite, so this is also the
+    finiteness check (NonFiniteWeight)."""
     lo, hi = torch.aminmax(w)
     amax = torch.maximum(lo.abs(), hi).float()
     if not bool(torch.isfinite(amax)):

@@ -65,12 +65,8 @@ class PrefixCache:
             raise ValueError("a frontier needs paged KV covering exactly its tokens")
         keep = -(-len(tokens) // self.pool.layout.block_size)
         self.pool.release(state.kv.blocks[keep:])
-        frontier = Frontier(tuple(tokens), state.kv.blocks[:keep], {k: v.clone() for k, v in state.conv.items()},
-                            {k: v.clone() for k, v in state.recurrent.items()}, next(self._clock))
+        self._add(tokens, state.kv.blocks[:keep], state)
         state.kv.blocks = []
-        self.frontiers.append(frontier)
-        while len(self.frontiers) > self.max_frontiers:
-            self._evict_one()
 
     def snapshot(self, tokens: list[int], state: SequenceState) -> None:
         """Keep a frontier at this point of a running sequence, which goes on using its blocks: the
@@ -82,7 +78,11 @@ class PrefixCache:
             return
         blocks = state.kv.blocks[: -(-len(tokens) // self.pool.layout.block_size)]
         self.pool.retain(blocks)
-        self.frontiers.append(Frontier(tuple(tokens), list(blocks), {k: v.clone() for k, v in state.conv.items()},
+        self._add(tokens, list(blocks), state)
+
+    def _add(self, tokens: list[int], blocks: list[int], state: SequenceState) -> None:
+        """A frontier owning `blocks` (one reference each) and a copy of the state's GDN snapshot."""
+        self.frontiers.append(Frontier(tuple(tokens), blocks, {k: v.clone() for k, v in state.conv.items()},
                                        {k: v.clone() for k, v in state.recurrent.items()}, next(self._clock)))
         while len(self.frontiers) > self.max_frontiers:
             self._evict_one()
