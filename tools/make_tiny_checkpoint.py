@@ -67,7 +67,9 @@ def train_tokenizer(vocab_size: int, out_dir: Path, chat_template: str) -> None:
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """Weights that make a tiny model's logits informative: fan-in scaled linears, non-trivial norms."""
+    """Weights that make a tiny model's logits informative: fan-in scaled linears, norms perturbed around
+    their family's default (ones for Qwen3's `x * w`, zeros for Qwen3.5's `x * (1 + w)`), so logits are
+    well separated and greedy decoding is not decided by float rounding."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -77,7 +79,7 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
             elif name.endswith("A_log"):
                 p.copy_(torch.rand(p.shape, generator=g) * 2.0)
             else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
 
 
 def _hf_model(entry: RegistryEntry):

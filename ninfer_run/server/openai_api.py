@@ -170,7 +170,7 @@ def router(state) -> APIRouter:
                     new, res = pending.pop() if pending else await stream.__anext__()
                     all_tokens += [t for t in new if t not in state.stop_token_ids]
                     text = state.chat.decode(all_tokens)
-                    if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+                    if text.endswith("\ufffd") and not res.done:  # an incomplete UTF-8 sequence: wait for more
                         continue
                     piece, decoded = text[len(decoded):], text
                     for part in render(parser.feed(piece)):

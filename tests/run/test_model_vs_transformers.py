@@ -26,6 +26,10 @@ def _hf(src, weights=None):
     return model
 
 
+def _tokens(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed))
+
+
 def _rel(a, b):
     return float((a - b).abs().max() / b.abs().max())
 
@@ -33,7 +37,7 @@ def _rel(a, b):
 @pytest.mark.parametrize("model_id", MODELS)
 def test_bf16_logits_match_transformers(model_id, tiny_checkpoints, artifacts):
     ours = load(artifacts[(model_id, "bf16")]).model
-    tokens = torch.randint(0, 512, (40,))
+    tokens = _tokens(40, seed=1)
     _, logits = ours.forward(tokens, SequenceState())
     with torch.no_grad():
         ref = _hf(tiny_checkpoints[model_id])(tokens[None]).logits[0]
@@ -44,7 +48,7 @@ def test_bf16_logits_match_transformers(model_id, tiny_checkpoints, artifacts):
 @pytest.mark.parametrize("profile", ["nvfp4", "int4"])
 def test_quantized_logits_match_transformers_with_dequantized_weights(model_id, profile, tiny_checkpoints, artifacts):
     loaded = load(artifacts[(model_id, profile)])
-    tokens = torch.randint(0, 512, (32,))
+    tokens = _tokens(32, seed=2)
     _, logits = loaded.model.forward(tokens, SequenceState())
     with torch.no_grad():
         ref = _hf(tiny_checkpoints[model_id], loaded.model.w)(tokens[None]).logits[0]
@@ -56,7 +60,7 @@ def test_quantized_logits_match_transformers_with_dequantized_weights(model_id, 
 @pytest.mark.parametrize("model_id", MODELS)
 def test_incremental_decode_equals_full_forward(model_id, artifacts):
     model = load(artifacts[(model_id, "bf16")]).model
-    tokens = torch.randint(0, 512, (30,))
+    tokens = _tokens(30, seed=3)
     _, full = model.forward(tokens, SequenceState())
     state = SequenceState()
     _, first = model.forward(tokens[:17], state)
@@ -67,7 +71,7 @@ def test_incremental_decode_equals_full_forward(model_id, artifacts):
 @pytest.mark.parametrize("model_id", MODELS)
 def test_greedy_generation_matches_transformers_generate(model_id, tiny_checkpoints, artifacts):
     model = load(artifacts[(model_id, "bf16")]).model
-    prompt = torch.randint(0, 512, (12,))
+    prompt = _tokens(12, seed=4)
     state = SequenceState()
     _, logits = model.forward(prompt, state)
     out = []

@@ -14,7 +14,7 @@ def models(tiny_model):
 @pytest.mark.parametrize("draft_tokens", [1, 2, 3])
 def test_mtp_greedy_equals_plain_greedy(models, draft_tokens):
     model = models["tiny-qwen3.5"]
-    prompt = torch.randint(0, 512, (9,))
+    prompt = torch.randint(0, 512, (9,), generator=torch.Generator().manual_seed(draft_tokens))
     plain = generate_greedy(model, prompt, 40)
     spec, stats = generate_speculative(model, prompt, 40, draft_tokens)
     assert spec == plain
@@ -26,7 +26,7 @@ def test_mtp_greedy_equals_plain_greedy(models, draft_tokens):
 def test_forced_acceptance_and_rejection_paths(models, model_id, draft_tokens):
     """A drafter that knows the answer (accept all), or is wrong every other token (partial accepts)."""
     model = models[model_id]
-    prompt = torch.randint(0, 512, (7,))
+    prompt = torch.randint(0, 512, (7,), generator=torch.Generator().manual_seed(draft_tokens + 10))
     plain = generate_greedy(model, prompt, 30)
 
     def oracle(n, out):
