@@ -1,4 +1,4 @@
-"""ninfer-run: load a .ninfer artifact and serve it over an OpenAI-compatible HTTP API.
+"""ninfer-run: load a .ninfer artifact and serve it over OpenAI- and Anthropic-compatible HTTP APIs.
 
     ninfer-run model.ninfer [--port 18080] [--max-context T] [--max-concurrency C] [--spec mtp --draft-tokens N] ...
     ninfer-run check model.ninfer [--checksums]
@@ -14,7 +14,7 @@ import typer
 
 from ninfer_format import Artifact, FormatError
 
-app = typer.Typer(help="Load a .ninfer artifact and serve it (OpenAI-compatible API); `check` inspects one.\n\n"
+app = typer.Typer(help="Load a .ninfer artifact and serve it (OpenAI + Anthropic APIs); `check` inspects one.\n\n"
                   "Usage: ninfer-run MODEL.ninfer [options]   (same as `ninfer-run serve MODEL.ninfer ...`)",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -52,6 +52,8 @@ def serve(
     max_context: int = typer.Option(32768, "--max-context", help="KV pool size in tokens (the only KV memory)"),
     max_concurrency: int = typer.Option(1, "--max-concurrency", help="sequences decoded together"),
     pending_timeout_ms: int = typer.Option(600_000, "--pending-timeout-ms", help="max wait for admission"),
+    max_queued_requests: int = typer.Option(256, "--max-queued-requests",
+                                            help="requests waiting for admission beyond this get HTTP 429"),
     prefill_chunk: int = typer.Option(1024, "--prefill-chunk", help="prompt tokens per prefill step"),
     kv_dtype: str = typer.Option("int8", "--kv-dtype", help="int8 (group-64) | bf16"),
     spec: str | None = typer.Option(None, "--spec", help="mtp: speculative decoding with the artifact's MTP head"),
@@ -60,7 +62,8 @@ def serve(
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="model id in the API"),
     device: str = typer.Option("cpu", "--device", help="cpu (reference path); GPU kernels arrive with the GPU issue"),
 ) -> None:
-    """Serve an artifact over HTTP (OpenAI /v1/chat/completions and /v1/models, /health)."""
+    """Serve an artifact over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic
+    (/v1/messages, /v1/messages/count_tokens) APIs, /health and Prometheus /metrics."""
     import uvicorn
 
     from .chat import Chat
@@ -80,7 +83,8 @@ def serve(
     except (FormatError, OSError, ValueError) as err:
         _fail(f"{path}: {err}")
     config = EngineConfig(max_context=max_context, max_concurrency=max_concurrency, prefill_chunk=prefill_chunk,
-                          pending_timeout_ms=pending_timeout_ms, draft_tokens=draft_tokens if spec else 0)
+                          pending_timeout_ms=pending_timeout_ms, draft_tokens=draft_tokens if spec else 0,
+                          max_queued=max_queued_requests)
     try:
         engine = build_engine(loaded.model, config, kv_dtype=kv_dtype)
     except ValueError as err:

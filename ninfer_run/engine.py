@@ -31,6 +31,10 @@ class RequestRejected(ValueError):
     """The request can never run (prompt over the context, empty prompt)."""
 
 
+class QueueFull(RuntimeError):
+    """The admission queue already holds --max-queued-requests requests: try again later."""
+
+
 @dataclass
 class Request:
     prompt: list[int]
@@ -39,7 +43,7 @@ class Request:
     stop_token_ids: tuple[int, ...] = ()
     stop: Callable[[list[int]], bool] | None = None  # e.g. stop strings, checked on the decoded tail
     id: str = ""
-    on_update: Callable[[Result], None] | None = None  # called (engine thread) after new tokens and at the end
+    on_update: Callable[[Result], None] | None = None  # called (engine thread) at admission, after new tokens, at the end
     # prompt positions to keep a prefix-cache frontier at (e.g. where the chat template's generation
     # prompt starts: the next turn re-renders the reply differently but shares everything before it)
     snapshot_at: tuple[int, ...] = ()
@@ -49,7 +53,7 @@ class Request:
 class Result:
     id: str
     tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "expired" (never admitted) | "error"
     error: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -96,6 +100,7 @@ class EngineConfig:
     prefill_chunk: int = 1024
     pending_timeout_ms: int = 600_000
     draft_tokens: int = 0  # > 0: MTP speculative decoding with this many drafts per step
+    max_queued: int = 256  # requests waiting for admission beyond this are refused (QueueFull)
 
 
 def build_engine(model, config: EngineConfig, kv_dtype: str = "int8", block_size: int = 64,
@@ -124,6 +129,7 @@ class Engine:
         self.results: dict[str, Result] = {}
         self.spec_stats = SpecStats()
         self._listeners: dict[str, Callable[[Result], None]] = {}
+        self.on_finish: list[Callable[[Result], None]] = []  # observers of every finished result (metrics)
         self._ids = itertools.count(1)
 
     # -- requests ------------------------------------------------------------------------------
@@ -134,6 +140,9 @@ class Engine:
         if len(request.prompt) >= self.config.max_context or need > self.config.max_context:
             raise RequestRejected(f"prompt of {len(request.prompt)} tokens + max_tokens {request.max_tokens} = {need} "
                                   f"exceeds the context of {self.config.max_context} tokens")
+        if len(self.waiting) >= self.config.max_queued:
+            raise QueueFull(f"{len(self.waiting)} requests are already waiting for admission "
+                            f"(--max-queued-requests {self.config.max_queued})")
         request.id = request.id or f"req-{next(self._ids)}"
         result = Result(request.id, prompt_tokens=len(request.prompt), submitted=self.clock())
         self.results[request.id] = result
@@ -161,7 +170,7 @@ class Engine:
         while self.waiting and now - self.waiting[0][1].submitted > timeout:
             _, res = self.waiting.popleft()
             res.error = f"expired while waiting for admission ({self.config.pending_timeout_ms} ms)"
-            self._finish_result(res, "error")
+            self._finish_result(res, "expired")
         while self.waiting and len(self.running) < self.config.max_concurrency:
             req, res = self.waiting.popleft()
             state, cached = self.cache.start(req.prompt)
@@ -173,6 +182,7 @@ class Engine:
                 # the head's KV lives in the same pool; it starts at the end of a reused prefix
                 drafter = MTPDrafter(self.model, PagedKV(self.mtp_pool, {-1: 0}), position_offset=cached)
             self.running.append(_Running(req, res, state, cached, generator=gen, drafter=drafter))
+            self._notify(res)  # admitted: cached_tokens is known
 
     def _ensure_room(self, run: _Running, tokens: int) -> None:
         bs = self.cache.pool.layout.block_size
@@ -257,6 +267,8 @@ class Engine:
     def _finish_result(self, res: Result, reason: str) -> None:
         res.finish_reason, res.finished = reason, self.clock()
         log.info(res.log_line())
+        for observe in self.on_finish:
+            observe(res)
         self._notify(res)
 
     def _notify(self, res: Result) -> None:

@@ -69,7 +69,7 @@ def parse_tool_call(body: str, style: str) -> ToolCall | None:
     return ToolCall(m.group(1).strip(), {k.strip(): _parse_value(v) for k, v in _PARAM.findall(m.group(2))})
 
 
-def _held_prefix(text: str, tags: tuple[str, ...]) -> int:
+def held_prefix(text: str, tags: tuple[str, ...]) -> int:
     """Length of the longest suffix of text that is a proper prefix of one of the tags."""
     best = 0
     for tag in tags:
@@ -102,7 +102,7 @@ class OutputParser:
             if self.in_reasoning:
                 i = self._buf.find(THINK_CLOSE)
                 if i < 0:
-                    keep = _held_prefix(self._buf, (THINK_CLOSE,))
+                    keep = held_prefix(self._buf, (THINK_CLOSE,))
                     out.reasoning += self._buf[: len(self._buf) - keep]
                     self._buf = self._buf[len(self._buf) - keep :]
                     return out
@@ -125,7 +125,7 @@ class OutputParser:
                 starts = [(self._buf.find(t), t) for t in (THINK_OPEN, CALL_OPEN)]
                 starts = [(i, t) for i, t in starts if i >= 0]
                 if not starts:
-                    keep = _held_prefix(self._buf, (THINK_OPEN, CALL_OPEN))
+                    keep = held_prefix(self._buf, (THINK_OPEN, CALL_OPEN))
                     self._content(out, self._buf[: len(self._buf) - keep])
                     self._buf = self._buf[len(self._buf) - keep :]
                     return out

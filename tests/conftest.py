@@ -1,4 +1,4 @@
-"""Shared fixtures: golden artifacts, manifest surgery helpers."""
+"""Shared fixtures: golden artifacts, manifest surgery helpers, tiny checkpoints packed once per profile."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from typer.testing import CliRunner
 
 from ninfer_format import constants as C
 from ninfer_format.writer import encode_preamble
+from ninfer_pack.cli import app as pack_app
+from ninfer_run.loader import load
 
 GOLDEN = Path(__file__).resolve().parent.parent / "formats" / "golden"
 GOLDEN_STEMS = ["golden-bf16-linear", "golden-nvfp4-sm_120a", "golden-int4-asym-sm_90a"]
@@ -50,3 +53,33 @@ def tiny_checkpoints(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("tiny")
     return {model_id: build(model_id, root / model_id) for model_id in ("tiny-qwen3.5", "tiny-qwen3")}
+
+
+@pytest.fixture(scope="session")
+def packed(tiny_checkpoints, tmp_path_factory):
+    """packed(model_id, profile) -> path of the artifact (built on first use)."""
+    root, done = tmp_path_factory.mktemp("packed"), {}
+
+    def get(model_id: str, profile: str = "bf16"):
+        if (model_id, profile) not in done:
+            path = root / f"{model_id}-{profile}.ninfer"
+            r = CliRunner().invoke(pack_app, ["pack", model_id, "-p", profile, "--source", str(tiny_checkpoints[model_id]),
+                                         "-o", str(path)])
+            assert r.exit_code == 0, r.output
+            done[(model_id, profile)] = path
+        return done[(model_id, profile)]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model(packed):
+    """tiny_model(model_id, profile) -> the loaded reference model (cached)."""
+    cache = {}
+
+    def get(model_id: str, profile: str = "bf16"):
+        if (model_id, profile) not in cache:
+            cache[(model_id, profile)] = load(packed(model_id, profile)).model
+        return cache[(model_id, profile)]
+
+    return get

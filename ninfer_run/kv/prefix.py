@@ -95,6 +95,11 @@ class PrefixCache:
         self.pool.release(victim.blocks)
         return True
 
+    def clear(self) -> None:
+        """Drop every frontier; their blocks go back to the pool."""
+        while self._evict_one():
+            pass
+
     def make_room(self, blocks: int) -> None:
         """Evict LRU frontiers until `blocks` are free (PoolExhausted if even an empty cache is not enough)."""
         while self.pool.free_blocks < blocks:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import uuid
 from collections.abc import AsyncIterator
 
-from ..engine import Engine, Request, RequestRejected, Result
+from ..engine import Engine, QueueFull, Request, RequestRejected, Result
 
 
 class EngineRunner:
@@ -41,33 +42,38 @@ class EngineRunner:
         self._thread.join(timeout=5)
 
     async def generate(self, request: Request) -> AsyncIterator[tuple[list[int], Result]]:
-        """Yields (new tokens, result so far) until the result is done; cancels if the consumer stops."""
+        """Yields (new tokens, result) once when the request is admitted (no tokens yet), then after
+        each step that produced tokens, until the result is done. Raises RequestRejected/QueueFull
+        from submission. If the consumer stops early (client gone), the request is cancelled and its
+        KV blocks freed on the engine thread."""
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue = asyncio.Queue()
-        sent = 0
+        request.id = request.id or f"req-{uuid.uuid4().hex[:16]}"
+        forwarded = 0  # engine thread only
 
         def on_update(res: Result) -> None:
-            loop.call_soon_threadsafe(updates.put_nowait, (list(res.tokens), res.done))
-
-        request.on_update = on_update
-        submitted: asyncio.Future = loop.create_future()
+            nonlocal forwarded
+            new, forwarded = res.tokens[forwarded:], len(res.tokens)
+            loop.call_soon_threadsafe(updates.put_nowait, (new, res))
 
         def submit() -> None:
             try:
-                res = self.engine.submit(request)
-                loop.call_soon_threadsafe(submitted.set_result, res)
-            except RequestRejected as e:
-                loop.call_soon_threadsafe(submitted.set_exception, e)
+                self.engine.submit(request)
+            except (RequestRejected, QueueFull) as e:
+                loop.call_soon_threadsafe(updates.put_nowait, e)
 
+        request.on_update = on_update
         self._ops.put(submit)
-        result = await submitted
+        finished = False
         try:
-            while True:
-                tokens, done = await updates.get()
-                yield tokens[sent:], result
-                sent = len(tokens)
-                if done:
-                    return
+            while not finished:
+                item = await updates.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                new, result = item
+                finished = result.done
+                yield new, result
         finally:
-            if not result.done:  # the client went away: free the sequence now
-                self._ops.put(lambda: self.engine.cancel(result.id))
+            if not finished:  # the consumer went away: free the sequence now (a no-op if it just ended)
+                self._ops.put(lambda: self.engine.cancel(request.id))

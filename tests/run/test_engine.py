@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ninfer_run.engine import EngineConfig, Request, RequestRejected, build_engine
+from ninfer_run.engine import EngineConfig, QueueFull, Request, RequestRejected, build_engine
 from ninfer_run.spec import generate_greedy
 
 
@@ -59,9 +59,21 @@ def test_fifo_admission_expires_with_a_clear_error(model):
     engine.step()
     clock.t = 0.6
     engine.step()
-    assert b.finish_reason == "error" and "expired while waiting for admission (500 ms)" in b.error
+    assert b.finish_reason == "expired" and "expired while waiting for admission (500 ms)" in b.error
     engine.run_until_done()
     assert a.finish_reason == "length"
+
+
+def test_admission_queue_is_bounded(model):
+    engine = _engine(model, max_concurrency=1, max_queued=2)
+    prompts = _prompts(4)
+    first = [engine.submit(Request(p, max_tokens=3)) for p in prompts[:2]]
+    with pytest.raises(QueueFull, match="2 requests are already waiting"):
+        engine.submit(Request(prompts[2], max_tokens=3))
+    engine.step()  # one admitted: there is room in the queue again
+    late = engine.submit(Request(prompts[3], max_tokens=3))
+    engine.run_until_done()
+    assert all(r.finish_reason == "length" for r in [*first, late])
 
 
 def test_cancel_frees_blocks_at_once(model):
