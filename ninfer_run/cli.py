@@ -1,6 +1,7 @@
 """ninfer-run: load a .ninfer artifact and serve it over OpenAI- and Anthropic-compatible HTTP APIs.
 
     ninfer-run model.ninfer [--port 18080] [--max-context T] [--max-concurrency C] [--spec mtp --draft-tokens N] ...
+    ninfer-run plan model.ninfer --gpu-mem 32GiB [--max-context T] [--max-concurrency C] [--median-prompt P] ...
     ninfer-run check model.ninfer [--checksums]
 """
 
@@ -14,7 +15,8 @@ import typer
 
 from ninfer_format import Artifact, FormatError
 
-app = typer.Typer(help="Load a .ninfer artifact and serve it (OpenAI + Anthropic APIs); `check` inspects one.\n\n"
+app = typer.Typer(help="Load a .ninfer artifact and serve it (OpenAI + Anthropic APIs); `plan` sizes its memory; "
+                  "`check` inspects one.\n\n"
                   "Usage: ninfer-run MODEL.ninfer [options]   (same as `ninfer-run serve MODEL.ninfer ...`)",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -44,49 +46,143 @@ def check(path: Path = typer.Argument(..., help="a .ninfer file"),
     raise typer.Exit(1 if problems else 0)
 
 
-@app.command()
-def serve(
-    path: Path = typer.Argument(..., help="a .ninfer file"),
-    host: str = typer.Option("127.0.0.1", "--host", help="bind address (loopback by default)"),
-    port: int = typer.Option(18080, "--port"),
-    max_context: int = typer.Option(32768, "--max-context", help="KV pool size in tokens (the only KV memory)"),
-    max_concurrency: int = typer.Option(1, "--max-concurrency", help="sequences decoded together"),
-    pending_timeout_ms: int = typer.Option(600_000, "--pending-timeout-ms", help="max wait for admission"),
-    max_queued_requests: int = typer.Option(256, "--max-queued-requests",
-                                            help="requests waiting for admission beyond this get HTTP 429"),
-    prefill_chunk: int = typer.Option(1024, "--prefill-chunk", help="prompt tokens per prefill step"),
-    kv_dtype: str = typer.Option("int8", "--kv-dtype", help="int8 (group-64) | bf16"),
-    spec: str | None = typer.Option(None, "--spec", help="mtp: speculative decoding with the artifact's MTP head"),
-    draft_tokens: int = typer.Option(3, "--draft-tokens", help="drafts per step with --spec mtp"),
-    api_key: str | None = typer.Option(None, "--api-key", envvar="NINFER_API_KEY", help="require this key"),
-    served_model_name: str | None = typer.Option(None, "--served-model-name", help="model id in the API"),
-    device: str = typer.Option("cpu", "--device", help="cpu (reference path); GPU kernels arrive with the GPU issue"),
-) -> None:
-    """Serve an artifact over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic
-    (/v1/messages, /v1/messages/count_tokens) APIs, /health and Prometheus /metrics."""
-    import uvicorn
+# options shared by `serve` and `plan`: the planner reads exactly the configuration the server would run
+_MAX_CONTEXT = typer.Option(32768, "--max-context", help="KV pool size in tokens (the only KV memory)")
+_MAX_CONCURRENCY = typer.Option(1, "--max-concurrency", help="sequences decoded together")
+_PREFILL_CHUNK = typer.Option(1024, "--prefill-chunk", help="prompt tokens per prefill step")
+_KV_DTYPE = typer.Option("int8", "--kv-dtype", help="int8 (group-64) | bf16")
+_SPEC = typer.Option(None, "--spec", help="mtp: speculative decoding with the artifact's MTP head")
+_DRAFT_TOKENS = typer.Option(3, "--draft-tokens", help="drafts per step with --spec mtp")
+_MAX_FRONTIERS = typer.Option(32, "--max-frontiers", help="prefix-cache frontiers kept (GDN snapshots)")
 
-    from .chat import Chat
-    from .engine import EngineConfig, build_engine
-    from .loader import load
-    from .server.app import create_app
+
+def _engine_config(max_context: int, max_concurrency: int, prefill_chunk: int, kv_dtype: str, spec: str | None,
+                   draft_tokens: int, max_frontiers: int, **rest):
+    from .engine import EngineConfig
 
     if spec not in (None, "mtp"):
         _fail(f"--spec must be mtp, got {spec!r}")
     if kv_dtype not in ("int8", "bf16"):
         _fail(f"--kv-dtype must be int8 or bf16, got {kv_dtype!r}")
+    if min(max_context, max_concurrency, prefill_chunk) < 1:
+        _fail("--max-context, --max-concurrency and --prefill-chunk must be positive")
+    return EngineConfig(max_context=max_context, max_concurrency=max_concurrency, prefill_chunk=prefill_chunk,
+                        kv_dtype=kv_dtype, draft_tokens=draft_tokens if spec else 0, max_frontiers=max_frontiers,
+                        **rest)
+
+
+def _size(text: str | None) -> int | None:
+    from .memory import parse_size
+
+    try:
+        return None if text is None else parse_size(text)
+    except ValueError as err:
+        _fail(str(err))
+
+
+@app.command()
+def plan(
+    path: Path = typer.Argument(..., help="a .ninfer file"),
+    gpu_mem: str = typer.Option(..., "--gpu-mem", help="the card's memory, e.g. 32GiB, 141GB, 24000MiB"),
+    max_context: int = _MAX_CONTEXT,
+    max_concurrency: int = _MAX_CONCURRENCY,
+    median_prompt: int | None = typer.Option(None, "--median-prompt", help="typical prompt length, tokens"),
+    vision: bool = typer.Option(False, "--vision", help="count the vision tower and media buffers"),
+    media_cache_mib: int = typer.Option(1024, "--media-cache-mib", help="vision encoder cache"),
+    media_live_mib: int = typer.Option(2048, "--media-live-mib", help="images being encoded"),
+    prefill_chunk: int = _PREFILL_CHUNK,
+    kv_dtype: str = _KV_DTYPE,
+    spec: str | None = _SPEC,
+    draft_tokens: int = _DRAFT_TOKENS,
+    max_frontiers: int = _MAX_FRONTIERS,
+    as_json: bool = typer.Option(False, "--json", help="machine-readable plan"),
+) -> None:
+    """Plan GPU memory for a serving configuration: does it fit, the slack, whether prefix reuse holds
+    (C x median prompt <= pool), and the --max-context / --max-concurrency that would fit. Exit 1 if it
+    does not fit."""
+    import json
+
+    from .memory import artifact_plan, format_plan, recommend
+
+    config = _engine_config(max_context, max_concurrency, prefill_chunk, kv_dtype, spec, draft_tokens, max_frontiers)
+    capacity = _size(gpu_mem)
+    media = {"media_cache_mib": media_cache_mib, "media_live_mib": media_live_mib}
+    try:
+        with Artifact(path) as a:
+            shape, weights, p = artifact_plan(a.manifest, config, "cuda", vision, **media)
+    except (FormatError, OSError, ValueError) as err:
+        _fail(f"{path}: {err}")
+    advice = recommend(shape, weights, config, capacity, median_prompt, device="cuda", vision=vision, **media)
+    fits = p.slack(capacity) >= 0
+    if as_json:
+        typer.echo(json.dumps({"fits": fits, "capacity": capacity, "slack": p.slack(capacity),
+                               "device_total": p.device_total, "host_total": p.host_total,
+                               "components": {name: value for name, value, _ in p.rows()},
+                               "kv_bytes_per_token": p.kv_per_token,
+                               "reuse_holds": None if not median_prompt else
+                               p.config.max_concurrency * median_prompt <= p.config.max_context,
+                               "recommended": {"max_context": advice.max_context,
+                                               "max_concurrency": advice.max_concurrency, "why": advice.reason}},
+                              indent=1))
+    else:
+        typer.echo(format_plan(p, capacity, median_prompt))
+        typer.echo(f"recommended: --max-context {advice.max_context} --max-concurrency {advice.max_concurrency} "
+                   f"({advice.reason})")
+    raise typer.Exit(0 if fits else 1)
+
+
+@app.command()
+def serve(
+    path: Path = typer.Argument(..., help="a .ninfer file"),
+    host: str = typer.Option("127.0.0.1", "--host", help="bind address (loopback by default)"),
+    port: int = typer.Option(18080, "--port"),
+    max_context: int = _MAX_CONTEXT,
+    max_concurrency: int = _MAX_CONCURRENCY,
+    pending_timeout_ms: int = typer.Option(600_000, "--pending-timeout-ms", help="max wait for admission"),
+    max_queued_requests: int = typer.Option(256, "--max-queued-requests",
+                                            help="requests waiting for admission beyond this get HTTP 429"),
+    prefill_chunk: int = _PREFILL_CHUNK,
+    kv_dtype: str = _KV_DTYPE,
+    spec: str | None = _SPEC,
+    draft_tokens: int = _DRAFT_TOKENS,
+    max_frontiers: int = _MAX_FRONTIERS,
+    api_key: str | None = typer.Option(None, "--api-key", envvar="NINFER_API_KEY", help="require this key"),
+    served_model_name: str | None = typer.Option(None, "--served-model-name", help="model id in the API"),
+    device: str = typer.Option("cpu", "--device", help="cpu (reference path); GPU kernels arrive with the GPU issue"),
+    mem: str | None = typer.Option(None, "--gpu-mem", help="memory to plan against (default: what the device has free)"),
+) -> None:
+    """Serve an artifact over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic
+    (/v1/messages, /v1/messages/count_tokens) APIs, /health and Prometheus /metrics. Refuses, with the
+    memory plan, a configuration that does not fit."""
+    import uvicorn
+
+    from .chat import Chat
+    from .engine import build_engine
+    from .loader import load
+    from .memory import artifact_plan, device_capacity, format_plan
+    from .server.app import create_app
+
+    config = _engine_config(max_context, max_concurrency, prefill_chunk, kv_dtype, spec, draft_tokens, max_frontiers,
+                            pending_timeout_ms=pending_timeout_ms, max_queued=max_queued_requests)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         typer.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
+    try:
+        with Artifact(path) as a:
+            _, _, p = artifact_plan(a.manifest, config, device)
+    except (FormatError, OSError, ValueError) as err:
+        _fail(f"{path}: {err}")
+    capacity = _size(mem) or device_capacity(device)
+    if p.slack(capacity) < 0:
+        typer.echo(format_plan(p, capacity), err=True)
+        _fail("this configuration does not fit in memory: lower --max-context or --max-concurrency "
+              "(`ninfer-run plan` recommends values)")
     try:
         loaded = load(path, device=device)
         chat = Chat.from_artifact(loaded.artifact)
     except (FormatError, OSError, ValueError) as err:
         _fail(f"{path}: {err}")
-    config = EngineConfig(max_context=max_context, max_concurrency=max_concurrency, prefill_chunk=prefill_chunk,
-                          pending_timeout_ms=pending_timeout_ms, draft_tokens=draft_tokens if spec else 0,
-                          max_queued=max_queued_requests)
     try:
-        engine = build_engine(loaded.model, config, kv_dtype=kv_dtype)
+        engine = build_engine(loaded.model, config)
     except ValueError as err:
         _fail(str(err))
     vocab = chat.tokenizer.get_vocab()
@@ -98,7 +194,7 @@ def serve(
     uvicorn.run(server, host=host, port=port, log_level="info")
 
 
-_COMMANDS = {"check", "serve", "--help", "-h"}
+_COMMANDS = {"check", "plan", "serve", "--help", "-h"}
 
 
 def main() -> None:

@@ -101,19 +101,22 @@ class EngineConfig:
     pending_timeout_ms: int = 600_000
     draft_tokens: int = 0  # > 0: MTP speculative decoding with this many drafts per step
     max_queued: int = 256  # requests waiting for admission beyond this are refused (QueueFull)
+    kv_dtype: str = "int8"  # int8 (group-64) | bf16
+    block_size: int = 64  # KV pool block, tokens
+    max_frontiers: int = 32  # prefix-cache frontiers kept (each holds a GDN state snapshot)
 
 
-def build_engine(model, config: EngineConfig, kv_dtype: str = "int8", block_size: int = 64,
-                 max_frontiers: int = 64, clock: Callable[[], float] = time.monotonic) -> Engine:
+def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> Engine:
     """An engine over a KV pool of exactly --max-context tokens for `model`; with speculative
     decoding the MTP layer gets a one-layer pool of the same token capacity."""
     layers = {key: i for i, key in enumerate(model.kv_layers())}
-    layout = KVLayout(len(layers), model.cfg.num_kv_heads, model.cfg.head_dim, block_size, kv_dtype)
-    recurrent = "linear_attention" in getattr(model.cfg, "layer_types", ())
-    cache = PrefixCache(BlockPool.for_context(layout, config.max_context), layers, recurrent, max_frontiers)
+    c = model.cfg
+    layout = KVLayout(len(layers), c.num_kv_heads, c.head_dim, config.block_size, config.kv_dtype)
+    recurrent = "linear_attention" in getattr(c, "layer_types", ())
+    cache = PrefixCache(BlockPool.for_context(layout, config.max_context), layers, recurrent, config.max_frontiers)
     mtp_pool = None
     if config.draft_tokens:
-        mtp_layout = KVLayout(1, model.cfg.num_kv_heads, model.cfg.head_dim, block_size, kv_dtype)
+        mtp_layout = KVLayout(1, c.num_kv_heads, c.head_dim, config.block_size, config.kv_dtype)
         mtp_pool = BlockPool.for_context(mtp_layout, config.max_context)
     return Engine(model, cache, config, clock, mtp_pool)
 

@@ -21,7 +21,7 @@ class FakeClock:
 
 
 def _engine(model, max_context=256, clock=None, **kw):
-    return build_engine(model, EngineConfig(max_context=max_context, **kw), block_size=16,
+    return build_engine(model, EngineConfig(max_context=max_context, block_size=16, **kw),
                         **({"clock": clock} if clock else {}))
 
 

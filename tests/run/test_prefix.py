@@ -13,7 +13,7 @@ def models(tiny_model):
 
 
 def _cache(model, blocks=64, block_size=16):
-    return build_engine(model, EngineConfig(max_context=blocks * block_size), block_size=block_size).cache
+    return build_engine(model, EngineConfig(max_context=blocks * block_size, block_size=block_size)).cache
 
 
 def _fresh_logits(model, cache, tokens):
