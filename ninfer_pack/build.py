@@ -21,6 +21,7 @@ from ninfer_format.rules import expand
 
 from . import __version__
 from .pack import pack
+from .prequant import adopt_prequantized
 from .source import Checkpoint, open_checkpoint, resolve
 from .validate import normalize_config, validate
 
@@ -100,6 +101,8 @@ def run_pack(opts: PackOptions) -> dict:
     parts = tuple(p for p in entry.available_parts if (p != "vision" or opts.vision) and (p != "mtp" or opts.mtp))
     root = resolve(str(opts.source) if opts.source else opts.model_id, entry.hf_repo, opts.revision)
     ckpt = open_checkpoint(root)
+    prequantized = adopt_prequantized(ckpt)
+    ckpt.config.pop("quantization_config", None)  # the artifact's manifest says how it is quantized
     normalize_config(ckpt.config, entry)
     validate(ckpt, entry, parts)
     out = opts.output or Path(f"{entry.id}-{opts.profile}-{opts.target}.ninfer")
@@ -128,7 +131,8 @@ def run_pack(opts: PackOptions) -> dict:
         result = pack(entry, ckpt.config, {n: ckpt.loader(n) for n in wanted},
                       {n: ckpt.tensors[n].dtype for n in wanted}, out, profile=opts.profile, target=opts.target,
                       parts=parts, blobs=blobs, provenance=provenance, class_overrides=overrides, device=opts.device,
-                      overwrite=opts.force, before_close=fill_digests, progress=progress)
+                      overwrite=opts.force, before_close=fill_digests, progress=progress,
+                      prequantized={name: p.load for name, p in prequantized.items()})
     finally:
         signal.signal(signal.SIGTERM, previous)
         bar.close()
@@ -140,6 +144,7 @@ def run_pack(opts: PackOptions) -> dict:
         "compression_vs_bf16": result.bytes_bf16 / max(file_bytes, 1), "seconds": result.seconds,
         "mb_per_s": result.bytes_bf16 / 1e6 / max(result.seconds, 1e-9),
         "error_by_class": {c: {"tensors": s.tensors, "rel_rms": s.rel_rms, "max_abs": s.max_abs} for c, s in result.errors.items()},
+        "prequantized_tensors": len(prequantized),
     }
 
 

@@ -176,7 +176,30 @@ def verify(path: Path = typer.Argument(..., help="a .ninfer file"),
     raise typer.Exit(0 if report["ok"] else 1)
 
 
-_COMMANDS = {"list", "show", "inspect", "verify", "pack", "--help", "-h"}
+@app.command()
+def export(path: Path = typer.Argument(..., help="a .ninfer file"),
+           to: str = typer.Option(..., "--to", help="compressed-tensors (the Hugging Face format vLLM loads)"),
+           out: Path = typer.Argument(..., help="output folder (a Hugging Face checkpoint)"),
+           shard_mib: int = typer.Option(4096, "--shard-mib", min=1, help="safetensors shard size, MiB"),
+           force: bool = typer.Option(False, "--force", help="replace an existing output folder"),
+           as_json: bool = typer.Option(False, "--json", help="print a JSON summary")) -> None:
+    """Export an artifact as a Hugging Face checkpoint in the compressed-tensors format (for vLLM's
+    tensor-parallel serving): the quantized bytes as they are, no re-quantization."""
+    from .export import export_compressed_tensors
+
+    if to != "compressed-tensors":
+        _fail(f"--to must be compressed-tensors, got {to!r}")
+    try:
+        r = export_compressed_tensors(path, out, shard_bytes=shard_mib << 20, force=force)
+    except (FormatError, OSError, ValueError) as err:
+        _fail(str(err))
+    summary = {"output": str(r.out), "tensors": r.tensors, "shards": r.shards, "bytes": r.bytes, "formats": r.formats}
+    typer.echo(json.dumps(summary, indent=1) if as_json else
+               f"{r.out}: {r.tensors} tensors in {r.shards} shards, {_human_bytes(r.bytes)}, "
+               f"format {', '.join(r.formats) or 'dense (no quantization_config)'}")
+
+
+_COMMANDS = {"list", "show", "inspect", "verify", "pack", "export", "--help", "-h"}
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ thunk in the source. The writer makes the file appear atomically at the end.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from .plan import PlannedTensor, build_plan, stored_bytes
 from .quant import global_scale_of, quantize_tensor
 
 TensorThunk = Callable[[], torch.Tensor]
+PartsThunk = Callable[[], dict[str, torch.Tensor]]
 # The pack summary's error statistics decode every 4th row slab of each tensor (decoding everything
 # cost as much as quantizing); `ninfer-pack verify --source` checks every element against its bound.
 _ERROR_SAMPLE_EVERY = 4
@@ -99,12 +101,31 @@ def manifest_header(entry: RegistryEntry, config: dict, parts: tuple[str, ...], 
     }
 
 
+def _check_prequantized(pre: dict[str, dict], members: tuple[str, ...], by_name: dict[str, PlannedTensor]) -> None:
+    """Checkpoint NVFP4 tensors are written as they are only where the profile wants NVFP4 too, and a
+    group the runtime fuses must share one global scale (as ModelOpt and compressed-tensors export it)."""
+    for name in pre:
+        scheme = by_name[name].plan.scheme
+        if scheme["kind"] != "nvfp4":
+            raise ValueError(f"{name} is NVFP4 in the checkpoint but the profile stores it as {scheme}; "
+                             "pick a profile (or --lm-head) that keeps it NVFP4")
+    if len(pre) != len(members):
+        raise ValueError(f"fused group {list(members)}: only {sorted(pre)} are NVFP4 in the checkpoint")
+    scales = [float(p["global_scale"]) for p in pre.values()]
+    if len(set(scales)) > 1:
+        raise ValueError(f"{list(members)} are fused at run time and need one NVFP4 global scale; the checkpoint "
+                         f"has {scales} (re-export it with fused global scales, or pack the bf16 checkpoint)")
+
+
 def pack(entry: RegistryEntry, config: dict, tensors: dict[str, TensorThunk], source_dtypes: dict[str, torch.dtype],
          out: Path, *, profile: str, target: str, parts: tuple[str, ...], blobs: dict[str, bytes], provenance: dict,
          class_overrides: dict[str, str] | None = None, device: str = "cpu", overwrite: bool = False,
          measure_error: bool = True, compress_blobs: bool = True,
-         before_close: Callable[[dict], None] | None = None, progress: Callable[[PlannedTensor, int], None] | None = None) -> PackResult:
-    """Compile one checkpoint into `out`. `tensors` maps each expected name to a loader thunk.
+         before_close: Callable[[dict], None] | None = None, progress: Callable[[PlannedTensor, int], None] | None = None,
+         prequantized: dict[str, PartsThunk] | None = None) -> PackResult:
+    """Compile one checkpoint into `out`. `tensors` maps each expected name to a loader thunk;
+    `prequantized` maps names the checkpoint already holds as NVFP4 to their logical parts, which are
+    written as they are (see prequant.py).
 
     `before_close(manifest)` may fill fixed-width fields (e.g. source sha256 digests computed in
     parallel with packing) just before the manifest is finalized.
@@ -121,24 +142,27 @@ def pack(entry: RegistryEntry, config: dict, tensors: dict[str, TensorThunk], so
         i = 0
         while i < len(planned):
             members = planned[i].group
-            weights = {name: tensors[name]().to(device) for name in members}
+            pre = {name: prequantized[name]() for name in members if prequantized and name in prequantized}
+            if pre:
+                _check_prequantized(pre, members, by_name)
+            weights = {name: tensors[name]().to(device) for name in members if name not in pre}
             s2 = None
-            if len(members) > 1 and planned[i].plan.scheme["kind"] == "nvfp4":
+            if len(members) > 1 and planned[i].plan.scheme["kind"] == "nvfp4" and not pre:
                 s2 = global_scale_of(list(weights.values()), list(members))
             for name in members:
-                p, w = by_name[name], weights.pop(name)
-                logical = quantize_tensor(p.plan.scheme, w, name, s2)
+                p, w = by_name[name], weights.pop(name, None)
+                logical = pre.pop(name) if w is None else quantize_tensor(p.plan.scheme, w, name, s2)
                 kind = p.plan.scheme["kind"]
                 stored = {role: apply_layout(target, kind, role, t) for role, t in logical.items()}
                 writer.write(name, stored)
-                if measure_error:
+                if measure_error and w is not None:
                     stats = result.errors.setdefault(p.expected.tensor_class, ErrorStats())
                     stats.add(p.plan.scheme, p.plan.logical_shape, logical, w, _ERROR_SAMPLE_EVERY)
-                nbytes = stored_bytes(p.plan.parts)
+                nbytes, source_bytes = stored_bytes(p.plan.parts), 2 * math.prod(p.plan.logical_shape)
                 result.bytes_out += nbytes
-                result.bytes_bf16 += 2 * w.numel()
+                result.bytes_bf16 += source_bytes
                 if progress:
-                    progress(p, 2 * w.numel())
+                    progress(p, source_bytes)
                 del w, logical, stored
             i += len(members)
         if before_close:

@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from ninfer_format.constants import BLOB_NAMES
 
-ALLOW_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", *BLOB_NAMES]
+ALLOW_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", "hf_quant_config.json", *BLOB_NAMES]
 _ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
               "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from pathlib import Path
 
 import torch
@@ -132,6 +133,95 @@ def build(model_id: str, out_dir: Path, seed: int = 0, max_shard_size: str = "20
     _add_mtp(entry, out_dir, seed)
     vocab = entry.expected_config().get("text_config", entry.expected_config())["vocab_size"]
     train_tokenizer(vocab, out_dir, CHAT_TEMPLATES[entry.family])
+    return out_dir
+
+
+def _nvfp4_groups(entry: RegistryEntry, config: dict) -> list[list[str]]:
+    """The tensors the nvfp4 profile quantizes, grouped as the runtime fuses them (one global scale each)."""
+    from ninfer_registry import scheme_classes
+
+    classes = scheme_classes(entry, "nvfp4")
+    groups: dict[tuple, list[str]] = {}
+    for name, t in expand(entry.resolved, config, entry.available_parts).items():
+        if classes[t.tensor_class]["kind"] == "nvfp4":
+            groups.setdefault((t.part, t.layer, t.fuse) if t.fuse else (name,), []).append(name)
+    return list(groups.values())
+
+
+def _compressed_tensors_nvfp4(group: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
+    """compressed-tensors' own NVFP4 (W4A16) math and compressor, one global scale for the group."""
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
+
+    args = QuantizationArgs(num_bits=4, type="float", strategy="tensor_group", symmetric=True, group_size=16,
+                            scale_dtype=torch.float8_e4m3fn)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    both = torch.cat([w.float().reshape(-1) for w in group.values()])
+    gs = generate_gparam(both.amin(), both.amax())  # float32 statistics (shared/formats.md pitfall)
+    out = {}
+    for name, w in group.items():
+        g = w.float().unflatten(-1, (w.shape[-1] // 16, 16))
+        scale, _ = calculate_qparams(g.amin(-1), g.amax(-1), args, global_scale=gs)
+        sd = NVFP4PackedCompressor.compress({"weight": w, "weight_scale": scale, "weight_global_scale": gs}, scheme)
+        module = name.removesuffix(".weight")
+        out.update({f"{module}.{k}": v for k, v in sd.items()})
+    return out, args.model_dump(mode="json")
+
+
+def _modelopt_nvfp4(group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """NVIDIA ModelOpt's quantizer, with the names its HF export writes (and an input scale it adds for W4A4)."""
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    s2 = torch.cat([w.float().reshape(-1) for w in group.values()]).abs().amax() / (6.0 * 448.0)
+    out = {}
+    for name, w in group.items():
+        qt, s8, s2_out = NVFP4QTensor.quantize(w, 16, weights_scaling_factor_2=s2)
+        module = name.removesuffix(".weight")
+        out.update({f"{module}.weight": qt._quantized_data, f"{module}.weight_scale": s8,
+                    f"{module}.weight_scale_2": s2_out.float().reshape(()), f"{module}.input_scale": torch.ones(())})
+    return out
+
+
+def prequantize(model_id: str, src: Path, out_dir: Path, fmt: str) -> Path:
+    """Copy a tiny bf16 checkpoint as an NVFP4 checkpoint made by `fmt` ("compressed-tensors" or
+    "modelopt"): the library's own quantizer makes the bytes; fused tensors share a global scale."""
+    entry = load(model_id)
+    out_dir = Path(out_dir)
+    shutil.copytree(src, out_dir)
+    config = json.loads((out_dir / "config.json").read_text())
+    index_path = out_dir / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shards = {s: load_file(out_dir / s) for s in set(index["weight_map"].values())}
+    quantized, targets, args = {}, [], None
+    for names in _nvfp4_groups(entry, config):
+        group = {n: shards[index["weight_map"][n]].pop(n) for n in names}
+        if fmt == "compressed-tensors":
+            parts, args = _compressed_tensors_nvfp4(group)
+        else:
+            parts = _modelopt_nvfp4(group)
+        for key in parts:
+            quantized[key] = index["weight_map"][names[0]]
+        for n in names:
+            index["weight_map"].pop(n)
+        for key, value in parts.items():
+            shards[quantized[key]][key] = value.clone()
+        targets += [n.removesuffix(".weight") for n in names]
+    index["weight_map"].update(quantized)
+    for shard, tensors in shards.items():
+        save_file(tensors, out_dir / shard, metadata={"format": "pt"})
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True))
+    if fmt == "compressed-tensors":
+        config["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": sorted(targets), "weights": args, "format": "nvfp4-pack-quantized"}},
+            "ignore": []}
+    else:
+        quant = {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": []}
+        config["quantization_config"] = {"quant_method": "modelopt", **quant}
+        (out_dir / "hf_quant_config.json").write_text(json.dumps(
+            {"producer": {"name": "modelopt", "version": "0.47.0"}, "quantization": quant}, indent=2))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return out_dir
 
 
