@@ -13,6 +13,8 @@ import torch
 from ninfer_format import Artifact
 
 from .models import model_class
+from .vision.encoder import PREFIX as VISION_PREFIX
+from .vision.encoder import VisionTower
 
 
 @dataclass
@@ -20,13 +22,25 @@ class Loaded:
     artifact: Artifact
     model: object
     family: str
+    vision: VisionTower | None = None
 
 
-def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", check: bool = False) -> Loaded:
-    """`check=True` verifies every tensor's checksum while loading."""
+def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", check: bool = False,
+         vision: bool = False) -> Loaded:
+    """`check=True` verifies every tensor's checksum while loading; `vision=True` also loads the
+    vision tower (ValueError if the artifact has none)."""
     artifact = Artifact(path)
     m = artifact.manifest
-    weights = {name: artifact.dequantized(name, check=check).to(device=device, dtype=dtype)
-               for name in artifact.tensor_names if not name.startswith("model.visual.")}
-    model = model_class(m.model["family"])(m.config, m.model["registry_entry"], weights)
-    return Loaded(artifact, model, m.model["family"])
+
+    def weights(keep) -> dict[str, torch.Tensor]:
+        return {name: artifact.dequantized(name, check=check).to(device=device, dtype=dtype)
+                for name in artifact.tensor_names if keep(name)}
+
+    model = model_class(m.model["family"])(m.config, m.model["registry_entry"],
+                                           weights(lambda n: not n.startswith(VISION_PREFIX)))
+    tower = None
+    if vision:
+        if "vision" not in m.model["parts"]:
+            raise ValueError(f"{artifact.path.name} has no vision tower (packed without it, or the model has none)")
+        tower = VisionTower.from_config(m.config, weights(lambda n: n.startswith(VISION_PREFIX)))
+    return Loaded(artifact, model, m.model["family"], tower)

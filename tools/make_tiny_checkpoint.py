@@ -133,7 +133,21 @@ def build(model_id: str, out_dir: Path, seed: int = 0, max_shard_size: str = "20
     _add_mtp(entry, out_dir, seed)
     vocab = entry.expected_config().get("text_config", entry.expected_config())["vocab_size"]
     train_tokenizer(vocab, out_dir, CHAT_TEMPLATES[entry.family])
+    if "vision_config" in entry.expected_config():
+        write_image_processor(entry, out_dir)
     return out_dir
+
+
+def write_image_processor(entry: RegistryEntry, out_dir: Path) -> None:
+    """preprocessor_config.json as transformers writes it for Qwen3.5 (Qwen2-VL's processor), sized small."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    v = entry.expected_config()["vision_config"]
+    side = v["patch_size"] * v["spatial_merge_size"]
+    Qwen2VLImageProcessorPil(size={"shortest_edge": (2 * side) ** 2, "longest_edge": (8 * side) ** 2},
+                             patch_size=v["patch_size"], temporal_patch_size=v["temporal_patch_size"],
+                             merge_size=v["spatial_merge_size"], image_mean=[0.5, 0.5, 0.5],
+                             image_std=[0.5, 0.5, 0.5]).save_pretrained(out_dir)
 
 
 def _nvfp4_groups(entry: RegistryEntry, config: dict) -> list[list[str]]:
