@@ -30,10 +30,22 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return ((weight * normed) * F.silu(gate.float())).to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype):
-    """cos/sin [T, rotary_dim] for NeoX-style (rotate_half) RoPE over the first rotary_dim dims."""
+def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype,
+                 mrope_section: tuple[int, ...] | None = None):
+    """cos/sin [T, rotary_dim] for NeoX-style (rotate_half) RoPE over the first rotary_dim dims.
+
+    `positions` [T], or [3, T] (t, h, w) for interleaved M-RoPE: frequency j takes its position from
+    axis 1 if j % 3 == 1 and j < 3 * section[1], axis 2 if j % 3 == 2 and j < 3 * section[2], else axis 0
+    (transformers' Qwen3.5 `recomposition_frequencies`). Equal axes give plain RoPE."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
+    if positions.ndim == 1:
+        freqs = positions.float()[:, None] * inv_freq[None, :]
+    else:
+        j = torch.arange(inv_freq.shape[0])
+        axis = torch.zeros_like(j)
+        axis[(j % 3 == 1) & (j < 3 * mrope_section[1])] = 1
+        axis[(j % 3 == 2) & (j < 3 * mrope_section[2])] = 2
+        freqs = positions.float()[axis].T * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .kv.pool import BlockPool
+from .vision.prompt import MultimodalPrompt
 
 
 class DenseKV:
@@ -62,6 +63,26 @@ class SequenceState:
     steps: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
     last_forward: int = 0
     verified_hidden: torch.Tensor | None = None  # hidden states of the last verify step's kept tokens
+    mm: MultimodalPrompt | None = None  # images in the prompt: M-RoPE positions and their embeddings
+
+    def rope_positions(self, count: int) -> torch.Tensor:
+        """Positions of the next `count` tokens: [count], or [3, count] (M-RoPE) when the prompt has images."""
+        index = torch.arange(self.length, self.length + count) + self.position_offset
+        if self.mm is None:
+            return index
+        prompt = self.mm.positions.shape[1]
+        out = (index + self.mm.rope_delta).expand(3, -1).clone()
+        inside = index < prompt
+        out[:, inside] = self.mm.positions[:, index[inside]]
+        return out
+
+    def image_embeddings(self, count: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows within the next `count` tokens, their image embeddings), or None if there are none."""
+        if self.mm is None or self.mm.embeds is None:
+            return None
+        rows = self.mm.image_rows - (self.length + self.position_offset)
+        inside = (rows >= 0) & (rows < count)
+        return (rows[inside], self.mm.embeds[inside]) if bool(inside.any()) else None
 
     def rollback(self, keep: int) -> None:
         """Keep only the first `keep` (>= 1) tokens of the last forward; later KV slots are overwritten."""

@@ -34,6 +34,7 @@ class HybridConfig:
     eps: float
     vocab_size: int
     mtp_layers: int
+    mrope_section: tuple[int, ...] | None = None  # interleaved M-RoPE (prompts with images)
 
     @classmethod
     def from_config(cls, config: dict, layer_pattern: list[str]) -> HybridConfig:
@@ -48,7 +49,15 @@ class HybridConfig:
             k_heads=t["linear_num_key_heads"], v_heads=t["linear_num_value_heads"], k_dim=t["linear_key_head_dim"],
             v_dim=t["linear_value_head_dim"], conv_kernel=t["linear_conv_kernel_dim"], eps=t["rms_norm_eps"],
             vocab_size=t["vocab_size"], mtp_layers=t.get("mtp_num_hidden_layers", 0),
+            mrope_section=_mrope_section(rope),
         )
+
+
+def _mrope_section(rope: dict) -> tuple[int, ...] | None:
+    section = rope.get("mrope_section")
+    if section is not None and not rope.get("mrope_interleaved", False):
+        raise ValueError("only interleaved M-RoPE is supported (rope_parameters.mrope_interleaved = true)")
+    return tuple(section) if section is not None else None
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -114,8 +123,7 @@ class Model:
         k = rms_norm(F.linear(x, w("self_attn.k_proj.weight")).view(t, c.num_kv_heads, c.head_dim),
                      w("self_attn.k_norm.weight"), c.eps, 1.0)
         v = F.linear(x, w("self_attn.v_proj.weight")).view(t, c.num_kv_heads, c.head_dim)
-        positions = torch.arange(state.length, state.length + t) + state.position_offset
-        cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(state.rope_positions(t), c.rotary_dim, c.rope_theta, x.dtype, c.mrope_section)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k, v = state.kv.append(key, state.length, k, v)
         o = causal_attention(q, k, v, q_offset=state.length).reshape(t, -1)
@@ -132,6 +140,9 @@ class Model:
         """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`."""
         c = self.cfg
         x = F.embedding(tokens, self._p("embed_tokens.weight"))
+        images = state.image_embeddings(tokens.shape[0])
+        if images is not None:
+            x[images[0]] = images[1].to(x.dtype)
         for i, kind in enumerate(c.layer_types):
             w = (lambda name, i=i: self._p(f"layers.{i}.{name}"))
             if kind == "linear_attention":
