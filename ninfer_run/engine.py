@@ -23,6 +23,8 @@ from .kv.prefix import PrefixCache
 from .sampling import SamplingParams, sample, target_probs
 from .spec import MTPDrafter, SpecStats, verify_step
 from .state import PagedKV, SequenceState
+from .vision.media import MediaEncoder
+from .vision.prompt import MultimodalPrompt
 
 log = logging.getLogger("ninfer.engine")
 
@@ -47,6 +49,12 @@ class Request:
     # prompt positions to keep a prefix-cache frontier at (e.g. where the chat template's generation
     # prompt starts: the next turn re-renders the reply differently but shares everything before it)
     snapshot_at: tuple[int, ...] = ()
+    mm: MultimodalPrompt | None = None  # images in the prompt (encoded when the request is admitted)
+    cache_key: list[int] | None = None  # the prompt as the prefix cache sees it (images by content)
+
+    @property
+    def key(self) -> list[int]:
+        return self.cache_key if self.cache_key is not None else self.prompt
 
 
 @dataclass
@@ -106,7 +114,8 @@ class EngineConfig:
     max_frontiers: int = 32  # prefix-cache frontiers kept (each holds a GDN state snapshot)
 
 
-def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> Engine:
+def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
+                 media: MediaEncoder | None = None) -> Engine:
     """An engine over a KV pool of exactly --max-context tokens for `model`; with speculative
     decoding the MTP layer gets a one-layer pool of the same token capacity."""
     layers = {key: i for i, key in enumerate(model.kv_layers())}
@@ -118,15 +127,16 @@ def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.
     if config.draft_tokens:
         mtp_layout = KVLayout(1, c.num_kv_heads, c.head_dim, config.block_size, config.kv_dtype)
         mtp_pool = BlockPool.for_context(mtp_layout, config.max_context)
-    return Engine(model, cache, config, clock, mtp_pool)
+    return Engine(model, cache, config, clock, mtp_pool, media)
 
 
 class Engine:
     def __init__(self, model, cache: PrefixCache, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
-                 mtp_pool: BlockPool | None = None):
+                 mtp_pool: BlockPool | None = None, media: MediaEncoder | None = None):
         if config.draft_tokens and mtp_pool is None:
             raise ValueError("speculative decoding needs a KV pool for the MTP layer (use build_engine)")
         self.model, self.cache, self.config, self.clock, self.mtp_pool = model, cache, config, clock, mtp_pool
+        self.media = media
         self.waiting: deque[tuple[Request, Result]] = deque()
         self.running: list[_Running] = []
         self.results: dict[str, Result] = {}
@@ -143,6 +153,8 @@ class Engine:
         if len(request.prompt) >= self.config.max_context or need > self.config.max_context:
             raise RequestRejected(f"prompt of {len(request.prompt)} tokens + max_tokens {request.max_tokens} = {need} "
                                   f"exceeds the context of {self.config.max_context} tokens")
+        if request.mm is not None and self.media is None:
+            raise RequestRejected("image inputs need an artifact with a vision tower served with --vision")
         if len(self.waiting) >= self.config.max_queued:
             raise QueueFull(f"{len(self.waiting)} requests are already waiting for admission "
                             f"(--max-queued-requests {self.config.max_queued})")
@@ -176,14 +188,19 @@ class Engine:
             self._finish_result(res, "expired")
         while self.waiting and len(self.running) < self.config.max_concurrency:
             req, res = self.waiting.popleft()
-            state, cached = self.cache.start(req.prompt)
+            state, cached = self.cache.start(req.key)
             res.cached_tokens, res.admitted = cached, now
+            if req.mm is not None:
+                if bool((req.mm.image_rows >= cached).any()):  # images a reused prefix does not cover
+                    req.mm.embeds = self.media.encode(req.mm.images)
+                state.mm = req.mm
             gen = None if req.params.seed is None else torch.Generator().manual_seed(req.params.seed)
             drafter = None
             if self.config.draft_tokens:
                 state.keep_steps = True
                 # the head's KV lives in the same pool; it starts at the end of a reused prefix
                 drafter = MTPDrafter(self.model, PagedKV(self.mtp_pool, {-1: 0}), position_offset=cached)
+                drafter.state.mm = req.mm
             self.running.append(_Running(req, res, state, cached, generator=gen, drafter=drafter))
             self._notify(res)  # admitted: cached_tokens is known
 
@@ -203,7 +220,7 @@ class Engine:
             hidden, logits = self.model.forward(torch.tensor(chunk), run.state)
             run.done_prefill += len(chunk)
             if run.done_prefill in req.snapshot_at and run.done_prefill < len(req.prompt):
-                self.cache.snapshot(req.prompt[: run.done_prefill], run.state)
+                self.cache.snapshot(req.key[: run.done_prefill], run.state)
             if run.drafter is not None and run.done_prefill < len(req.prompt):
                 run.drafter.observe(hidden, torch.tensor(req.prompt[start + 1 : run.done_prefill + 1]))
             if run.done_prefill < len(req.prompt):
@@ -283,7 +300,7 @@ class Engine:
 
     def _retire(self, run: _Running, reason: str, keep_frontier: bool = True) -> None:
         self.running.remove(run)
-        tokens = run.request.prompt + run.result.tokens
+        tokens = run.request.key + run.result.tokens
         # the last sampled token was never fed to the model; the frontier is what the state holds
         held = tokens[: run.state.length]
         if keep_frontier and run.state.length == len(held) and run.done_prefill == len(run.request.prompt):

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 PREFIX = "model.visual."
+ATTENTION_CHUNK = 1024  # queries per block of attention scores
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,12 @@ class VisionTower:
             return (t32 * cos[:, None] + rotated * sin[:, None]).to(t.dtype)
 
         q, k = rotate(q), rotate(k)
-        scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * q.shape[-1] ** -0.5
-        o = torch.einsum("hqk,khd->qhd", scores.softmax(-1).to(v.dtype), v).reshape(n, -1)
+        outs = []
+        for start in range(0, n, ATTENTION_CHUNK):  # bounded scores memory for large images
+            scores = torch.einsum("qhd,khd->hqk", q[start : start + ATTENTION_CHUNK].float(), k.float())
+            probs = (scores * q.shape[-1] ** -0.5).softmax(-1).to(v.dtype)
+            outs.append(torch.einsum("hqk,khd->qhd", probs, v))
+        o = torch.cat(outs).reshape(n, -1)
         return F.linear(o, self._p(p + "proj.weight"), self._p(p + "proj.bias"))
 
     def _block(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
