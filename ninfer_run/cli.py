@@ -150,6 +150,11 @@ def serve(
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="model id in the API"),
     device: str = typer.Option("cpu", "--device", help="cpu (reference path); GPU kernels arrive with the GPU issue"),
     mem: str | None = typer.Option(None, "--gpu-mem", help="memory to plan against (default: what the device has free)"),
+    vision: bool = typer.Option(False, "--vision", help="serve the vision tower: images in both APIs"),
+    media_cache_mib: int = typer.Option(1024, "--media-cache-mib", help="vision encoder output cache"),
+    media_live_mib: int = typer.Option(2048, "--media-live-mib", help="memory for one request's images being encoded"),
+    allow_image_urls: bool = typer.Option(False, "--allow-image-urls",
+                                          help="fetch http(s) image URLs (off: only data URLs / base64)"),
 ) -> None:
     """Serve an artifact over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic
     (/v1/messages, /v1/messages/count_tokens) APIs, /health and Prometheus /metrics. Refuses, with the
@@ -166,9 +171,10 @@ def serve(
                             pending_timeout_ms=pending_timeout_ms, max_queued=max_queued_requests)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         typer.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
+    media = {"media_cache_mib": media_cache_mib, "media_live_mib": media_live_mib}
     try:
         with Artifact(path) as a:
-            _, _, p = artifact_plan(a.manifest, config, device)
+            _, _, p = artifact_plan(a.manifest, config, device, vision, **media)
     except (FormatError, OSError, ValueError) as err:
         _fail(f"{path}: {err}")
     capacity = _size(mem) or device_capacity(device)
@@ -177,12 +183,13 @@ def serve(
         _fail("this configuration does not fit in memory: lower --max-context or --max-concurrency "
               "(`ninfer-run plan` recommends values)")
     try:
-        loaded = load(path, device=device)
+        loaded = load(path, device=device, vision=vision)
         chat = Chat.from_artifact(loaded.artifact)
+        support = _vision_support(loaded, media_cache_mib, media_live_mib, allow_image_urls) if vision else None
     except (FormatError, OSError, ValueError) as err:
         _fail(f"{path}: {err}")
     try:
-        engine = build_engine(loaded.model, config)
+        engine = build_engine(loaded.model, config, media=support.media if support else None)
     except ValueError as err:
         _fail(str(err))
     vocab = chat.tokenizer.get_vocab()
@@ -190,8 +197,24 @@ def serve(
     stop_ids = tuple(dict.fromkeys(vocab[t] for t in eos))
     name = served_model_name or loaded.artifact.manifest.registry_id
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    server = create_app(engine, chat, name, TOOL_STYLES[loaded.family], stop_ids, api_key)
+    server = create_app(engine, chat, name, TOOL_STYLES[loaded.family], stop_ids, api_key, support)
     uvicorn.run(server, host=host, port=port, log_level="info")
+
+
+def _vision_support(loaded, cache_mib: int, live_mib: int, allow_urls: bool):
+    import json
+
+    from .server.images import VisionSupport
+    from .vision.media import MediaEncoder
+    from .vision.preprocess import ImageConfig
+
+    artifact = loaded.artifact
+    if not artifact.has_blob("preprocessor_config.json"):
+        raise ValueError("--vision needs the checkpoint's preprocessor_config.json, which this artifact lacks")
+    config = artifact.manifest.config
+    return VisionSupport(ImageConfig.from_preprocessor(json.loads(artifact.blob("preprocessor_config.json"))),
+                         config["image_token_id"], config["vision_config"]["spatial_merge_size"],
+                         MediaEncoder(loaded.vision, cache_mib << 20, live_mib << 20), allow_urls)
 
 
 _COMMANDS = {"check", "plan", "serve", "--help", "-h"}

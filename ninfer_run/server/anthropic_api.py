@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from ..output_parser import Delta
 from ..sampling import SamplingParams
 from .generation import ApiError, ChatPrompt, Generation, OutputStream, engine_request, finish_kind, render_chat
+from .images import ImageSource, from_base64, from_url, prepare_images
 
 PING_S = 15.0  # a ping event while a long prompt is prefilled, as Anthropic's API sends them
 _STOP_REASON = {"tool_calls": "tool_use", "stop_sequence": "stop_sequence", "length": "max_tokens", "stop": "end_turn"}
@@ -103,42 +104,54 @@ class MessagesRequest(CountTokensRequest):
     metadata: dict[str, Any] | None = None
 
 
-def _no_images() -> ApiError:
-    return ApiError(400, "image inputs need an artifact with a vision tower served with --vision", param="messages")
+def _image_source(block: ImageBlock, where: str) -> ImageSource:
+    source = block.source
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        return from_base64(source["data"])
+    if source.get("type") == "url" and isinstance(source.get("url"), str):
+        return from_url(source["url"])
+    raise ApiError(400, f"{where}: image source must be {{type: base64, data}} or {{type: url, url}}", param="messages")
 
 
-def _text(content) -> str:
-    if content is None:
+def _content(blocks, where: str, sources: list[ImageSource]) -> str | list[dict]:
+    """Text and image blocks -> text, or template items when there are images (sources collected in order)."""
+    if blocks is None:
         return ""
-    if isinstance(content, str):
-        return content
-    if any(isinstance(b, ImageBlock) for b in content):
-        raise _no_images()
-    return "".join(b.text for b in content)
+    if isinstance(blocks, str):
+        return blocks
+    items = []
+    for j, b in enumerate(blocks):
+        if isinstance(b, ImageBlock):
+            sources.append(_image_source(b, f"{where}.{j}"))
+            items.append({"type": "image"})
+        else:
+            items.append({"type": "text", "text": b.text})
+    return items if any(item["type"] == "image" for item in items) else "".join(item["text"] for item in items)
 
 
-def _conversation(req: CountTokensRequest) -> list[dict]:
-    """Anthropic messages -> the chat template's messages."""
+def _conversation(req: CountTokensRequest) -> tuple[list[dict], list[ImageSource]]:
+    """Anthropic messages -> the chat template's messages, and the images' sources in prompt order."""
     out: list[dict] = []
+    sources: list[ImageSource] = []
     if req.system:
-        out.append({"role": "system", "content": _text(req.system)})
+        out.append({"role": "system", "content": _content(req.system, "system", sources)})
     for i, m in enumerate(req.messages):
         blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
         if m.role == "user":
-            texts = []
-            for b in blocks:
+            content: list = []
+            for j, b in enumerate(blocks):
                 if isinstance(b, ToolResultBlock):
-                    text = _text(b.content)
-                    out.append({"role": "tool", "tool_call_id": b.tool_use_id,
-                                "content": f"Error: {text}" if b.is_error else text})
-                elif isinstance(b, TextBlock):
-                    texts.append(b.text)
-                elif isinstance(b, ImageBlock):
-                    raise _no_images()
+                    result = _content(b.content, f"messages.{i}.content.{j}", sources)
+                    if b.is_error:
+                        result = f"Error: {result}" if isinstance(result, str) else \
+                            [{"type": "text", "text": "Error: "}, *result]
+                    out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": result})
+                elif isinstance(b, (TextBlock, ImageBlock)):
+                    content.append(b)
                 else:
                     raise ApiError(400, f"messages.{i}: a user message cannot hold a {b.type} block", param="messages")
-            if texts:
-                out.append({"role": "user", "content": "".join(texts)})
+            if content:
+                out.append({"role": "user", "content": _content(content, f"messages.{i}.content", sources)})
             continue
         msg: dict[str, Any] = {"role": "assistant", "content": ""}
         for b in blocks:
@@ -153,15 +166,16 @@ def _conversation(req: CountTokensRequest) -> list[dict]:
                 raise ApiError(400, f"messages.{i}: an assistant message cannot hold a {b.type} block",
                                param="messages")
         out.append(msg)
-    return out
+    return out, sources
 
 
-def _prompt(state, req: CountTokensRequest) -> ChatPrompt:
+async def _prompt(state, req: CountTokensRequest) -> ChatPrompt:
     use_tools = req.tools and not (req.tool_choice and req.tool_choice.type == "none")
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
                                                "parameters": t.input_schema}} for t in req.tools] if use_tools else None
     kwargs = {} if req.thinking is None else {"enable_thinking": req.thinking.type != "disabled"}
-    return render_chat(state, _conversation(req), tools, kwargs)
+    messages, sources = _conversation(req)
+    return render_chat(state, messages, tools, kwargs, await prepare_images(state.vision, sources))
 
 
 def _usage(res, output_tokens: int | None = None) -> dict:
@@ -183,15 +197,14 @@ def router(state) -> APIRouter:
 
     @api.post("/v1/messages/count_tokens")
     async def count_tokens(req: CountTokensRequest):
-        return {"input_tokens": len(_prompt(state, req).tokens)}
+        return {"input_tokens": len((await _prompt(state, req)).tokens)}
 
     @api.post("/v1/messages")
     async def messages(req: MessagesRequest, http: Request):
-        prompt = _prompt(state, req)
+        prompt = await _prompt(state, req)
         stops = req.stop_sequences or []
         params = SamplingParams(req.temperature, req.top_p, req.top_k, None)
-        gen = Generation(state, engine_request(state, prompt.tokens, req.max_tokens, params, stops, prompt.frontier_at),
-                         http)
+        gen = Generation(state, engine_request(state, prompt.tokens, req.max_tokens, params, stops, chat=prompt), http)
         await gen.admitted()
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         if req.stream:

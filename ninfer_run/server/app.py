@@ -16,6 +16,7 @@ from ..chat import Chat
 from ..engine import Engine
 from . import anthropic_api, openai_api
 from .generation import ApiError, ClientGone
+from .images import VisionSupport
 from .metrics import CONTENT_TYPE, Metrics
 from .runner import EngineRunner
 
@@ -34,6 +35,7 @@ class ServerState:
     max_context: int
     stop_token_ids: tuple[int, ...]
     api_key: str | None = None
+    vision: VisionSupport | None = None  # None: requests with images get HTTP 400
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -71,9 +73,9 @@ class _ApiKey:
 
 
 def create_app(engine: Engine, chat: Chat, model_name: str, tool_style: str, stop_token_ids: tuple[int, ...],
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, vision: VisionSupport | None = None) -> FastAPI:
     state = ServerState(EngineRunner(engine), chat, model_name, tool_style, engine.config.max_context,
-                        stop_token_ids, api_key)
+                        stop_token_ids, api_key, vision)
     metrics = Metrics(engine, model_name)
 
     @asynccontextmanager

@@ -18,6 +18,8 @@ from ..engine import QueueFull, RequestRejected, Result
 from ..engine import Request as EngineRequest
 from ..output_parser import Delta, OutputParser, held_prefix, parse_all
 from ..sampling import SamplingParams
+from ..vision.preprocess import PreparedImage
+from ..vision.prompt import MultimodalPrompt, PlaceholderMismatch, cache_key, expand, multimodal_prompt
 
 _POLL_S = 0.25  # how often a waiting handler checks that its client is still connected
 
@@ -39,9 +41,13 @@ class ChatPrompt:
     tokens: list[int]
     frontier_at: int  # where the generation prompt starts: the next turn shares everything before it
     in_reasoning: bool  # the prompt opened a <think> block
+    mm: MultimodalPrompt | None = None  # images: M-RoPE positions (embeddings come at admission)
+    key: list[int] | None = None  # the prompt as the prefix cache sees it (images by content)
 
 
-def render_chat(state, messages: list[dict], tools: list[dict] | None, template_kwargs: dict) -> ChatPrompt:
+def render_chat(state, messages: list[dict], tools: list[dict] | None, template_kwargs: dict,
+                images: tuple[PreparedImage, ...] = ()) -> ChatPrompt:
+    """The conversation through the chat template; each image's placeholder expanded to its tokens."""
     try:
         text = state.chat.render(messages, tools=tools, **template_kwargs)
         conversation = state.chat.render(messages, tools=tools, add_generation_prompt=False, **template_kwargs)
@@ -49,19 +55,33 @@ def render_chat(state, messages: list[dict], tools: list[dict] | None, template_
         raise ApiError(400, f"chat template rejected the messages: {e}", param="messages") from None
     tokens = state.chat.encode(text)
     frontier = len(state.chat.encode(conversation)) if text.startswith(conversation) else 0
-    return ChatPrompt(tokens, frontier if 0 < frontier < len(tokens) else 0, text.rstrip().endswith("<think>"))
+    in_reasoning = text.rstrip().endswith("<think>")
+    if not images:
+        return ChatPrompt(tokens, frontier if 0 < frontier < len(tokens) else 0, in_reasoning)
+    v = state.vision
+    try:
+        expanded = expand(tokens, v.image_token_id, images, v.merge)
+    except PlaceholderMismatch as e:
+        raise ApiError(400, f"{e} (the chat template dropped or added images)", param="messages") from None
+    before = sum(1 for t in tokens[:frontier] if t == v.image_token_id)
+    frontier += sum(image.tokens(v.merge) - 1 for image in images[:before])
+    mm = multimodal_prompt(expanded, v.image_token_id, images, v.merge)
+    return ChatPrompt(expanded, frontier if 0 < frontier < len(expanded) else 0, in_reasoning, mm,
+                      cache_key(expanded, v.image_token_id, images, v.merge))
 
 
 def engine_request(state, prompt: list[int], max_tokens: int | None, params: SamplingParams, stops: list[str],
-                   frontier_at: int = 0) -> EngineRequest:
-    """max_tokens None: up to the end of the context. Stop strings end generation on the decoded tail."""
+                   chat: ChatPrompt | None = None) -> EngineRequest:
+    """max_tokens None: up to the end of the context. Stop strings end generation on the decoded tail.
+    `chat` carries a chat prompt's images and prefix-cache key."""
     def hit_stop(tokens: list[int]) -> bool:
         tail = state.chat.decode(tokens[-64:])
         return any(s in tail for s in stops)
 
     return EngineRequest(prompt=prompt, max_tokens=max_tokens or max(1, state.max_context - len(prompt)),
                          params=params, stop_token_ids=state.stop_token_ids, stop=hit_stop if stops else None,
-                         snapshot_at=(frontier_at,) if frontier_at else ())
+                         snapshot_at=(chat.frontier_at,) if chat and chat.frontier_at else (),
+                         mm=chat.mm if chat else None, cache_key=chat.key if chat else None)
 
 
 class TextStream:

@@ -42,6 +42,11 @@ class _EngineGauges:
         yield gauge("ninfer:prefix_frontiers", "prefix-cache frontiers resident", c["frontiers"])
         yield gauge("ninfer:spec_acceptance_rate", "MTP draft tokens accepted / drafted, since start",
                     c["spec_acceptance_rate"])
+        media = self.engine.media
+        if media is not None:
+            yield gauge("ninfer:media_cache_bytes", "vision encoder outputs cached", media.cached_bytes)
+            yield gauge("ninfer:media_cache_hits", "images served from the encoder cache, since start", media.hits)
+            yield gauge("ninfer:media_encoded", "images run through the vision tower, since start", media.misses)
 
 
 class Metrics:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from ..output_parser import Delta
 from ..sampling import SamplingParams
 from .generation import ApiError, ChatPrompt, Generation, OutputStream, engine_request, finish_kind, render_chat
+from .images import ImageSource, from_url, prepare_images
 
 KEEPALIVE_S = 15.0  # an SSE comment while a long prompt is prefilled, so proxies keep the stream open
 _FINISH = {"tool_calls": "tool_calls", "stop_sequence": "stop", "length": "length", "stop": "stop"}
@@ -69,14 +70,36 @@ class CompletionRequest(_Sampling):
     logprobs: None = None
 
 
-def _chat_messages(req: ChatRequest) -> list[dict]:
-    out = []
-    for m in req.messages:
+def _content(content: list[dict], where: str, sources: list[ImageSource]) -> str | list[dict]:
+    """Content parts -> text, or template items when there are images (their sources collected in order)."""
+    items = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind == "text":
+            items.append({"type": "text", "text": str(part.get("text", ""))})
+        elif kind == "image_url":
+            ref = part.get("image_url")
+            url = ref.get("url") if isinstance(ref, dict) else ref
+            if not isinstance(url, str):
+                raise ApiError(400, f"{where}.content.{j}.image_url.url must be a string", param=f"{where}.content")
+            sources.append(from_url(url))
+            items.append({"type": "image"})
+        else:
+            raise ApiError(400, f"{where}.content.{j}: unsupported content part type {kind!r} (text, image_url)",
+                           param=f"{where}.content")
+    if any(item["type"] == "image" for item in items):
+        return items
+    return "".join(item["text"] for item in items)
+
+
+def _chat_messages(req: ChatRequest) -> tuple[list[dict], list[ImageSource]]:
+    out, sources = [], []
+    for i, m in enumerate(req.messages):
         d = m.model_dump(exclude_none=True)
         if d["role"] == "developer":
             d["role"] = "system"
         if isinstance(d.get("content"), list):
-            d["content"] = "".join(part.get("text", "") for part in d["content"] if part.get("type") == "text")
+            d["content"] = _content(d["content"], f"messages.{i}", sources)
         for call in d.get("tool_calls") or []:
             fn = call.get("function", {})
             if isinstance(fn.get("arguments"), str):
@@ -85,7 +108,7 @@ def _chat_messages(req: ChatRequest) -> list[dict]:
                 except ValueError:
                     pass
         out.append(d)
-    return out
+    return out, sources
 
 
 def _template_kwargs(req: ChatRequest) -> dict:
@@ -127,10 +150,12 @@ def router(state) -> APIRouter:
     @api.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, http: Request):
         tools = req.tools if req.tool_choice != "none" else None
-        prompt = render_chat(state, _chat_messages(req), tools, _template_kwargs(req))
+        messages, sources = _chat_messages(req)
+        images = await prepare_images(state.vision, sources)
+        prompt = render_chat(state, messages, tools, _template_kwargs(req), images)
         stops = req.stops()
         gen = Generation(state, engine_request(state, prompt.tokens, req.max_completion_tokens or req.max_tokens,
-                                               req.sampling(), stops, prompt.frontier_at), http)
+                                               req.sampling(), stops, chat=prompt), http)
         await gen.admitted()
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if not req.stream:

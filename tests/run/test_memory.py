@@ -94,3 +94,14 @@ def test_serve_refuses_what_does_not_fit(packed):
     path = str(packed("tiny-qwen3.5", "nvfp4"))
     r = CliRunner().invoke(app, ["serve", path, "--max-context", "50000000", "--gpu-mem", "1GiB"])
     assert r.exit_code == 1 and "DOES NOT FIT" in r.output and "does not fit in memory" in r.output
+
+
+def test_vision_serving_checks(packed):
+    r = CliRunner().invoke(app, ["serve", str(packed("tiny-qwen3", "bf16")), "--vision", "--gpu-mem", "4GiB"])
+    assert r.exit_code == 1 and "no vision tower" in r.output
+    path = str(packed("tiny-qwen3.5", "nvfp4"))
+    plain = json.loads(CliRunner().invoke(app, ["plan", path, "--gpu-mem", "8GiB", "--json"]).output)
+    vision = json.loads(CliRunner().invoke(app, ["plan", path, "--gpu-mem", "8GiB", "--json", "--vision",
+                                                 "--media-cache-mib", "256", "--media-live-mib", "512"]).output)
+    assert vision["components"]["media buffers"] == 768 * MiB and plain["components"]["media buffers"] == 0
+    assert vision["components"]["weights"] > plain["components"]["weights"]  # the tower's weights too

@@ -18,6 +18,7 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from ninfer_format import Artifact  # noqa: E402
 from ninfer_run.chat import Chat  # noqa: E402
+from ninfer_run.cli import _vision_support  # noqa: E402
 from ninfer_run.engine import EngineConfig, build_engine  # noqa: E402
 from ninfer_run.loader import load  # noqa: E402
 from ninfer_run.server.app import create_app  # noqa: E402
@@ -70,12 +71,12 @@ class ScriptedModel:
         return hidden, logits
 
 
-def _app(path, model, api_key=None, **config):
+def _app(path, model, api_key=None, vision=None, **config):
     chat = Chat.from_artifact(Artifact(path))
     engine = build_engine(model, EngineConfig(**{"max_context": 2048, "max_concurrency": 4, "prefill_chunk": 128,
-                                                 **config}))
+                                                 **config}), media=vision.media if vision else None)
     stop_ids = tuple(chat.encode("<|im_end|>"))
-    return create_app(engine, chat, "tiny", "qwen3_xml", stop_ids, api_key=api_key), engine, chat
+    return create_app(engine, chat, "tiny", "qwen3_xml", stop_ids, api_key=api_key, vision=vision), engine, chat
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +123,13 @@ def scripted(tiny_artifact):
 
     with serving(app) as base:
         yield base, chat, arm
+
+
+@pytest.fixture(scope="module")
+def vision_server(tiny_artifact):
+    """(base URL, engine, media encoder): the tiny model with its vision tower; image URLs allowed."""
+    loaded = load(tiny_artifact, vision=True)
+    support = _vision_support(loaded, 64, 256, allow_urls=True)
+    app, engine, _ = _app(tiny_artifact, loaded.model, vision=support)
+    with serving(app) as base:
+        yield base, engine, support.media
