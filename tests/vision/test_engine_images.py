@@ -104,3 +104,13 @@ def test_images_without_a_vision_tower_are_rejected(parts):
     engine = build_engine(parts[0].model, EngineConfig(max_context=2048))
     with pytest.raises(RequestRejected, match="--vision"):
         engine.submit(_request(parts, 5, "x"))
+
+
+def test_mtp_speculative_decoding_with_images_keeps_the_output(parts):
+    loaded = parts[0]
+    media = MediaEncoder(loaded.vision, 64 << 20, 256 << 20)
+    engine = build_engine(loaded.model, EngineConfig(max_context=2048, block_size=16, draft_tokens=3), media=media)
+    req = _request(parts, 6, "describe", max_tokens=12)
+    result = engine.submit(req)
+    engine.run_until_done()
+    assert result.tokens == _direct(parts, req) and result.drafted > 0
