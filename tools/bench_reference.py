@@ -65,7 +65,33 @@ def main() -> None:
             for t in turns:
                 print("   ", t.log_line())
         results["threads"] = torch.get_num_threads()
+        results["agent_sessions"] = _agent_sessions(model, args.out / "bench_reference_cpu.log")
     write_results(args.out, "bench_reference_cpu", results)
+
+
+def _agent_sessions(model, log_path: Path) -> dict:
+    """Four agent-like sessions at --max-concurrency 2: three grow turn by turn (reusable prefixes),
+    one starts over each turn (full resets). The per-request log lines go to `log_path` for
+    tools/analyze_log.py."""
+    engine = build_engine(model, EngineConfig(max_context=8192, max_concurrency=2, prefill_chunk=256))
+    g = torch.Generator().manual_seed(1)
+    histories = [torch.randint(0, 512, (300 + 250 * i,), generator=g).tolist() for i in range(4)]
+    lines = []
+    for _turn in range(6):
+        live = [engine.submit(Request(h, max_tokens=24)) for h in histories]
+        engine.run_until_done()
+        lines += [r.log_line() for r in live]
+        for i, r in enumerate(live):
+            fresh = torch.randint(0, 512, (60,), generator=g).tolist()
+            histories[i] = torch.randint(0, 512, (len(histories[i]),), generator=g).tolist() if i == 3 else \
+                histories[i] + r.tokens + fresh
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("\n".join(lines) + "\n")
+    stats = engine.cache.stats
+    print(f"agent sessions: {len(lines)} requests, cached {stats.cached_tokens}/{stats.prompt_tokens} prompt tokens "
+          f"-> {log_path}")
+    return {"requests": len(lines), "cached_fraction": stats.cached_tokens / stats.prompt_tokens,
+            "log": str(log_path)}
 
 
 if __name__ == "__main__":
