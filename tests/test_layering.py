@@ -40,3 +40,15 @@ def test_no_pickle_anywhere():
             text = p.read_text()
             assert "pickle" not in _imports(p), p
             assert "torch.load(" not in text, p
+
+
+def test_every_subpackage_ships_in_the_wheel():
+    """A package missing from pyproject's list works in an editable install and breaks in a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for name, folder in PACKAGES.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            found.add(".".join([name, *init.parent.relative_to(ROOT / folder).parts]))
+    assert found == listed
