@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 
 from ninfer_format import Artifact
 from ninfer_format.constants import BLOB_NAMES
+from ninfer_format.quants import pack_int32
 
 CT_VERSION = "0.20.1"  # the compressed-tensors release whose schema the config follows (checked in tests)
 
@@ -39,21 +40,6 @@ class ExportResult:
     shards: int
     bytes: int
     formats: list[str]
-
-
-def pack_int32(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
-    """int8 values in [-2^(bits-1), 2^(bits-1)) -> i32 words along `dim`, element j of a word at bits
-    bits*j (offset-binary), as compressed-tensors' pack_to_int32 stores them (bits dividing 32)."""
-    per_word = 32 // bits
-    v = values.to(torch.int64) + (1 << (bits - 1))
-    if dim == 0:
-        v = v.t()
-    rows, cols = v.shape
-    v = torch.nn.functional.pad(v, (0, -cols % per_word)).view(rows, -1, per_word)
-    shifts = torch.arange(per_word, dtype=torch.int64) * bits
-    words = (v << shifts).sum(-1)
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    return (words.t() if dim == 0 else words).contiguous()
 
 
 def _weights_args(scheme: dict) -> dict:

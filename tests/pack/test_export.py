@@ -8,8 +8,8 @@ import torch
 from typer.testing import CliRunner
 
 from ninfer_format import Artifact
+from ninfer_format.quants import pack_int32
 from ninfer_pack.cli import app
-from ninfer_pack.export import pack_int32
 
 transformers = pytest.importorskip("transformers")
 ct = pytest.importorskip("compressed_tensors")
