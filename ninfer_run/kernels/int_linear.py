@@ -1,0 +1,132 @@
+"""Groupwise int4/int8 weights x bf16/fp16 activations on Hopper (Triton), reading the artifact's
+compressed-tensors `pack-quantized` parts as they are: int4 codes i32 [N, K/8] (element j of a word
+at bits 4j, offset-binary), int8 codes i8 [N, K]; scales [N, K/G]; asymmetric zero points (int4:
+i32 [ceil(N/8), K/G] packed along N; int8: i8 [N, K/G]).
+
+  decode, M <= 16: `gemv` takes one quantization group per K step, so each row has one scale and
+      one zero point per tile: (q - z) is a small integer (exact in bf16/fp16), the tensor cores sum
+      x * (q - z), and the fp32 partial sum is scaled once per group.
+  prefill, M > 16: `dequantize` to bf16 (rounded like `reference_dequantize`), then cuBLAS.
+`reference` (pure torch) is what tests compare against.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_format.quants import dequantize_int
+
+
+def reference(x: torch.Tensor, qweight, scale, zero_point, bits: int, group: int) -> torch.Tensor:
+    n, k = qweight.shape[0], x.shape[1]
+    return x.float() @ dequantize_int(qweight, scale, zero_point, bits, group, (n, k)).T
+
+
+def reference_dequantize(qweight, scale, zero_point, bits: int, group: int, k: int, dtype=torch.bfloat16):
+    return dequantize_int(qweight, scale, zero_point, bits, group, (qweight.shape[0], k)).to(dtype)
+
+
+@triton.jit
+def _zero_points(z_ptr, rn, g, N, GROUPS, BITS: tl.constexpr, HAS_ZP: tl.constexpr):
+    """Zero point of each row in `rn` for group g (0 when symmetric)."""
+    if HAS_ZP:
+        if BITS == 4:
+            word = tl.load(z_ptr + (rn // 8) * GROUPS + g, mask=rn < N, other=0)
+            return ((word >> (4 * (rn % 8))) & 15) - 8
+        return tl.load(z_ptr + rn * GROUPS + g, mask=rn < N, other=0).to(tl.int32)
+    return tl.zeros_like(rn)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
+                 GROUP: tl.constexpr, BITS: tl.constexpr, HAS_ZP: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    groups = K // GROUP
+    n_ok, m_ok = rn[:, None] < N, rm[:, None] < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for g in range(pid_k, groups, SPLIT_K):
+        k0 = g * GROUP
+        z = _zero_points(z_ptr, rn, g, N, groups, BITS, HAS_ZP)
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if BITS == 4:
+            words = tl.load(q_ptr + rn[:, None] * (K // 8) + (k0 // 8 + tl.arange(0, GROUP // 8))[None, :],
+                            mask=n_ok, other=0)
+            for j in tl.static_range(8):
+                w = (((words >> (4 * j)) & 15) - 8 - z[:, None]).to(x_ptr.dtype.element_ty)
+                x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + 8 * tl.arange(0, GROUP // 8) + j)[None, :],
+                            mask=m_ok, other=0)
+                part += tl.dot(x, tl.trans(w))
+        else:
+            codes = tl.load(q_ptr + rn[:, None] * K + (k0 + tl.arange(0, GROUP))[None, :], mask=n_ok, other=0)
+            w = (codes.to(tl.int32) - z[:, None]).to(x_ptr.dtype.element_ty)
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + tl.arange(0, GROUP))[None, :], mask=m_ok, other=0)
+            part += tl.dot(x, tl.trans(w))
+        scale = tl.load(s_ptr + rn * groups + g, mask=rn < N, other=0).to(tl.float32)
+        acc += part * scale[None, :]
+    mask = m_ok & (rn[None, :] < N)
+    ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
+    if SPLIT_K == 1:
+        tl.store(ptrs, acc, mask=mask)
+    else:
+        tl.atomic_add(ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _dequant_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUP: tl.constexpr, BITS: tl.constexpr,
+                    HAS_ZP: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_n, g = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    groups = K // GROUP
+    rk = g * GROUP + tl.arange(0, GROUP)
+    n_ok = rn[:, None] < N
+    if BITS == 4:
+        words = tl.load(q_ptr + rn[:, None] * (K // 8) + (rk // 8)[None, :], mask=n_ok, other=0)
+        q = ((words >> (4 * (rk % 8))[None, :]) & 15) - 8
+    else:
+        q = tl.load(q_ptr + rn[:, None] * K + rk[None, :], mask=n_ok, other=0).to(tl.int32)
+    z = _zero_points(z_ptr, rn, g, N, groups, BITS, HAS_ZP)
+    scale = tl.load(s_ptr + rn * groups + g, mask=rn < N, other=0).to(tl.float32)
+    values = (q - z[:, None]).to(tl.float32) * scale[:, None]
+    tl.store(w_ptr + rn[:, None] * K + rk[None, :], values.to(w_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+             mask=n_ok)
+
+
+def _split_k(n_blocks: int, k_steps: int, target_programs: int) -> int:
+    split = 1
+    while n_blocks * split * 2 <= target_programs and split * 2 <= k_steps:
+        split *= 2
+    return split
+
+
+def gemv(x: torch.Tensor, qweight, scale, zero_point, bits: int, group: int, block_n: int = 64,
+         programs: int | None = None) -> torch.Tensor:
+    """x [M <= 16, K] (bf16/fp16) -> y [M, N] float32."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    if m > 16 or k % group or bits not in (4, 8):
+        raise ValueError(f"gemv takes M <= 16, K % {group} == 0 and 4 or 8 bits, got M={m}, K={k}, bits={bits}")
+    x = x.contiguous()
+    programs = programs or (torch.cuda.get_device_properties(x.device).multi_processor_count * 4
+                            if x.is_cuda else 1)
+    split = _split_k(triton.cdiv(n, block_n), k // group, programs)
+    y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=x.device)
+    zp = zero_point if zero_point is not None else scale  # unused when symmetric
+    _gemv_kernel[(triton.cdiv(n, block_n), split)](
+        x, qweight, scale, zp, y, m, n, k, x.stride(0), y.stride(0), GROUP=group, BITS=bits,
+        HAS_ZP=zero_point is not None, BLOCK_M=16, BLOCK_N=block_n, SPLIT_K=split)
+    return y
+
+
+def dequantize(qweight, scale, zero_point, bits: int, group: int, k: int, out: torch.Tensor | None = None,
+               dtype=torch.bfloat16, block_n: int = 64) -> torch.Tensor:
+    n = qweight.shape[0]
+    w = out if out is not None else torch.empty(n, k, dtype=dtype, device=qweight.device)
+    zp = zero_point if zero_point is not None else scale
+    _dequant_kernel[(triton.cdiv(n, block_n), k // group)](
+        qweight, scale, zp, w, n, k, GROUP=group, BITS=bits, HAS_ZP=zero_point is not None, BLOCK_N=block_n)
+    return w

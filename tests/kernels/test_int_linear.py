@@ -1,0 +1,42 @@
+"""Groupwise int4/int8 GEMV and dequantization kernels (Triton) against their pure-torch references."""
+
+import pytest
+import torch
+
+from ninfer_pack.quant import quantize_int
+
+triton = pytest.importorskip("triton")
+from ninfer_run.kernels import int_linear as k  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # the interpreter's bf16 dot is broken
+SHAPES = [(1, 64, 256), (5, 72, 384)] if DEVICE == "cpu" else [(1, 5120, 17408), (8, 17408, 5120), (3, 1000, 2048)]
+SCHEMES = [(4, 128, True), (4, 128, False), (8, 128, True), (4, 64, False)]
+
+
+def _weight(n, kk, bits, group, symmetric, seed):
+    g = torch.Generator().manual_seed(seed)
+    parts = quantize_int(torch.randn(n, kk, generator=g) * 0.05, bits, group, symmetric, "w")
+    return {role: t.to(DEVICE) for role, t in parts.items()}
+
+
+@pytest.mark.parametrize("bits,group,symmetric", SCHEMES)
+@pytest.mark.parametrize("m,n,kk", SHAPES)
+def test_gemv_matches_reference(m, n, kk, bits, group, symmetric):
+    p = _weight(n, kk, bits, group, symmetric, m + n + bits)
+    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(kk)).to(DEVICE, DTYPE)
+    out = k.gemv(x, p["qweight"], p["scale"], p.get("zero_point"), bits, group, programs=8 if DEVICE == "cpu" else None)
+    ref = k.reference(x, p["qweight"], p["scale"], p.get("zero_point"), bits, group)
+    assert not torch.isnan(out).any()
+    assert float((out - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("bits,group,symmetric", SCHEMES)
+def test_dequantize_is_the_reference_rounded_the_same_way(bits, group, symmetric):
+    n, kk = (72, 256) if DEVICE == "cpu" else (17408, 5120)
+    p = _weight(n, kk, bits, group, symmetric, n + bits)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # the interpreter truncates to bf16
+    out = torch.full((n, kk), float("nan"), dtype=dtype, device=DEVICE)
+    k.dequantize(p["qweight"], p["scale"], p.get("zero_point"), bits, group, kk, out=out)
+    assert torch.equal(out, k.reference_dequantize(p["qweight"], p["scale"], p.get("zero_point"), bits, group, kk,
+                                                   dtype))

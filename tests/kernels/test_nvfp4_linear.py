@@ -1,0 +1,48 @@
+"""NVFP4 GEMV and dequantization kernels (Triton) against their pure-torch references, fresh random inputs."""
+
+import pytest
+import torch
+
+from ninfer_pack.quant import quantize_nvfp4
+
+triton = pytest.importorskip("triton")
+from ninfer_run.kernels import nvfp4_linear as k  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# the interpreter's bf16 dot is broken; fp16 tiles are exact too (tests/kernels/conftest.py)
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+SHAPES = [(1, 64, 256), (3, 130, 512), (16, 96, 768)] if DEVICE == "cpu" else \
+    [(1, 5120, 17408), (4, 17408, 5120), (16, 10240, 5120), (7, 1000, 2048)]
+
+
+def _weight(n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, s8, s2 = quantize_nvfp4(torch.randn(n, k, generator=g) * 0.05)
+    return q.to(DEVICE), s8.to(DEVICE), s2.to(DEVICE)
+
+
+@pytest.mark.parametrize("m,n,kk", SHAPES)
+def test_gemv_matches_reference(m, n, kk):
+    q, s8, s2 = _weight(n, kk, m + n)
+    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(kk)).to(DEVICE, DTYPE)
+    out = torch.full((m, n), float("nan"))  # poisoned: every element must be written
+    out = k.gemv(x, q, s8, s2, programs=8 if DEVICE == "cpu" else None)
+    ref = k.reference(x, q, s8, s2)
+    assert not torch.isnan(out).any()
+    assert float((out - ref).norm() / ref.norm()) < 1e-5  # exact products, fp32 sums in another order
+
+
+@pytest.mark.parametrize("n,kk", [(64, 256), (70, 512)] if DEVICE == "cpu" else [(17408, 5120), (1000, 2048)])
+def test_dequantize_is_the_reference_rounded_the_same_way(n, kk):
+    q, s8, s2 = _weight(n, kk, n)
+    # bf16 on the GPU; the interpreter truncates float32 -> bf16, so it checks the float32 values
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    out = torch.full((n, kk), float("nan"), dtype=dtype, device=DEVICE)
+    k.dequantize(q, s8, s2, out=out)
+    assert torch.equal(out, k.reference_dequantize(q, s8, s2, dtype))
+
+
+def test_gemv_rejects_what_it_cannot_do():
+    q, s8, s2 = _weight(64, 256, 0)
+    with pytest.raises(ValueError, match="M <= 16"):
+        k.gemv(torch.zeros(17, 256, dtype=DTYPE, device=DEVICE), q, s8, s2)
