@@ -6,6 +6,7 @@ import torch
 from ninfer_pack.quant import quantize_nvfp4
 
 triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.gpu  # `pytest -m gpu`: compiled on a GPU, in Triton's interpreter elsewhere
 from ninfer_run.kernels import nvfp4_linear as k  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
