@@ -1,0 +1,120 @@
+"""Attention over the paged INT8 group-64 KV pool (Triton), for decode, MTP verification and chunked prefill.
+
+Each sequence brings `q_len` new query tokens (already written to the pool) at the end of its
+`seq_len` tokens; query token j sees keys 0 .. seq_len - q_len + j (causal). A program takes one
+sequence, one KV head, a block of query tokens (all the heads of that KV head's GQA group, as rows of
+one tensor-core tile) and one partition of the sequence's KV blocks; K and V are dequantized per
+64-value group in registers. Partitions (flash-decoding) give long contexts enough programs; a second
+kernel merges their partial softmaxes. `reference` decodes the pool with kv/ (pure torch) and runs
+layers.causal_attention.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..kv.pool import BlockPool
+from ..layers import causal_attention
+
+_NEG = -1.0e30
+
+
+def reference(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[list[int]], seq_lens: list[int]) -> torch.Tensor:
+    """q [B, q_len, Hq, D] -> [B, q_len, Hq, D] float32."""
+    out = []
+    for b, (table, length) in enumerate(zip(tables, seq_lens)):
+        k, v = pool.read(layer, table, length)
+        q_len = q.shape[1]
+        out.append(causal_attention(q[b].float(), k, v, q_offset=length - q_len))
+    return torch.stack(out)
+
+
+@triton.jit
+def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_ptr, m_ptr, l_ptr,
+                    layer, num_blocks, max_blocks, q_len, sm_scale,
+                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                    TOKENS: tl.constexpr, ROWS: tl.constexpr, BLOCKS_PER_PART: tl.constexpr):
+    pid_bq, h, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    q_blocks = tl.cdiv(q_len, TOKENS)
+    b, qb = pid_bq // q_blocks, pid_bq % q_blocks
+    G = HQ // HKV
+    rows = tl.arange(0, ROWS)
+    tok = qb * TOKENS + rows // G
+    head = h * G + rows % G
+    row_ok = (rows < TOKENS * G) & (tok < q_len)
+    d = tl.arange(0, D)
+    seq_len = tl.load(lens_ptr + b)
+    q = tl.load(q_ptr + ((b * q_len + tok) * HQ + head)[:, None] * D + d[None, :], mask=row_ok[:, None], other=0)
+    pos_q = seq_len - q_len + tok
+    m = tl.full((ROWS,), _NEG, tl.float32)
+    lsum = tl.zeros((ROWS,), tl.float32)
+    acc = tl.zeros((ROWS, D), tl.float32)
+    t = tl.arange(0, BS)
+    for j in range(BLOCKS_PER_PART):
+        index = part * BLOCKS_PER_PART + j
+        pos_k = index * BS + t
+        live = pos_k < seq_len
+        block = tl.load(table_ptr + b * max_blocks + index, mask=index < max_blocks, other=0)
+        slot = ((layer * num_blocks + block) * BS + t) * HKV + h
+        k = tl.load(k_ptr + slot[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
+        ks = tl.load(ks_ptr + slot[:, None] * (D // 64) + (d // 64)[None, :], mask=live[:, None], other=0)
+        v = tl.load(v_ptr + slot[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
+        vs = tl.load(vs_ptr + slot[:, None] * (D // 64) + (d // 64)[None, :], mask=live[:, None], other=0)
+        k = (k * ks.to(tl.float32)).to(q.dtype)
+        v = (v * vs.to(tl.float32)).to(q.dtype)
+        s = tl.dot(q, tl.trans(k)) * sm_scale
+        visible = (pos_k[None, :] <= pos_q[:, None]) & live[None, :] & row_ok[:, None]
+        s = tl.where(visible, s, _NEG)
+        m_new = tl.maximum(m, tl.max(s, 1))
+        p = tl.where(visible, tl.exp(s - m_new[:, None]), 0.0)
+        alpha = tl.exp(m - m_new)
+        lsum = lsum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        m = m_new
+    parts = tl.num_programs(2)
+    out_row = (b * q_len + tok) * HQ + head
+    tl.store(o_ptr + (out_row * parts + part)[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+    tl.store(m_ptr + out_row * parts + part, m, mask=row_ok)
+    tl.store(l_ptr + out_row * parts + part, lsum, mask=row_ok)
+
+
+@triton.jit
+def _merge_kernel(o_ptr, m_ptr, l_ptr, out_ptr, PARTS: tl.constexpr, P2: tl.constexpr, D: tl.constexpr):
+    row = tl.program_id(0)
+    p = tl.arange(0, P2)
+    ok = p < PARTS
+    m = tl.load(m_ptr + row * PARTS + p, mask=ok, other=_NEG)
+    lsum = tl.load(l_ptr + row * PARTS + p, mask=ok, other=0.0)
+    weight = tl.where(lsum > 0, tl.exp(m - tl.max(m, 0)), 0.0)
+    d = tl.arange(0, D)
+    acc = tl.load(o_ptr + (row * PARTS + p)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+    out = tl.sum(acc * weight[:, None], 0) / tl.sum(lsum * weight, 0)
+    tl.store(out_ptr + row * D + d, out)
+
+
+def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    tokens_per_program: int | None = None, blocks_per_part: int = 8) -> torch.Tensor:
+    """q [B, q_len, Hq, D] (bf16/fp16) over an INT8 pool -> [B, q_len, Hq, D] float32.
+    `block_tables` int32 [B, max_blocks] (padding entries any valid block), `seq_lens` int32 [B]."""
+    if pool.layout.dtype != "int8":
+        raise ValueError("the Triton path reads the INT8 group-64 pool")
+    bsz, q_len, hq, dim = q.shape
+    hkv, bs = pool.layout.kv_heads, pool.layout.block_size
+    group = hq // hkv
+    tokens = tokens_per_program or max(1, min(q_len, 64 // group))
+    rows = max(16, triton.next_power_of_2(tokens * group))
+    max_blocks = block_tables.shape[1]
+    parts = triton.cdiv(max_blocks, blocks_per_part)
+    q_blocks = triton.cdiv(q_len, tokens)
+    o = torch.empty(bsz * q_len * hq * parts, dim, dtype=torch.float32, device=q.device)
+    m = torch.empty(bsz * q_len * hq * parts, dtype=torch.float32, device=q.device)
+    lsum = torch.empty_like(m)
+    _partial_kernel[(bsz * q_blocks, hkv, parts)](
+        q.contiguous(), pool.k, pool.v, pool.k_scale, pool.v_scale, block_tables, seq_lens, o, m, lsum,
+        layer, pool.num_blocks, max_blocks, q_len, dim ** -0.5, HQ=hq, HKV=hkv, D=dim, BS=bs, TOKENS=tokens,
+        ROWS=rows, BLOCKS_PER_PART=blocks_per_part)
+    out = torch.empty(bsz * q_len * hq, dim, dtype=torch.float32, device=q.device)
+    _merge_kernel[(bsz * q_len * hq,)](o, m, lsum, out, PARTS=parts, P2=triton.next_power_of_2(parts), D=dim)
+    return out.view(bsz, q_len, hq, dim)

@@ -1,0 +1,47 @@
+"""Paged INT8 attention (Triton) against the pure-torch path (pool.read + causal_attention):
+decode, MTP verification and chunked prefill, GQA, ragged lengths, fresh random KV."""
+
+import pytest
+import torch
+
+from ninfer_run.kv.pool import BlockPool, KVLayout
+
+triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.gpu  # `pytest -m gpu`: compiled on a GPU, in Triton's interpreter elsewhere
+from ninfer_run.kernels.paged_attention import paged_attention, reference  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+HEADS = (12, 2, 64) if DEVICE == "cpu" else (24, 4, 256)  # (Hq, Hkv, D): the 27B's GQA 6 on the GPU
+
+
+def _setup(lengths, seed, block_size=16):
+    hq, hkv, dim = HEADS
+    g = torch.Generator().manual_seed(seed)
+    blocks_each = [-(-n // block_size) for n in lengths]
+    pool = BlockPool(KVLayout(2, hkv, dim, block_size, "int8"), sum(blocks_each) + 3)
+    tables = []
+    for n, nb in zip(lengths, blocks_each):
+        table = pool.allocate(nb)[::-1]  # blocks out of order, as after eviction
+        k = torch.randn(n, hkv, dim, generator=g) * 2
+        v = torch.randn(n, hkv, dim, generator=g)
+        pool.write(1, table, 0, k, v)
+        tables.append(table)
+    width = max(blocks_each)
+    padded = torch.tensor([t + [t[0]] * (width - len(t)) for t in tables], dtype=torch.int32)
+    for name in ("k", "v", "k_scale", "v_scale"):
+        setattr(pool, name, getattr(pool, name).to(DEVICE))
+    return pool, tables, padded.to(DEVICE), torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("lengths,q_len", [([1], 1), ([37, 200, 64], 1), ([50, 131], 4), ([300], 37)])
+def test_matches_reference(lengths, q_len):
+    pool, tables, padded, lens = _setup(lengths, sum(lengths) + q_len)
+    hq, _, dim = HEADS
+    q = torch.randn(len(lengths), q_len, hq, dim, generator=torch.Generator().manual_seed(q_len))
+    got = paged_attention(q.to(DEVICE, DTYPE), pool, 1, padded, lens, blocks_per_part=4)
+    for name in ("k", "v", "k_scale", "v_scale"):
+        setattr(pool, name, getattr(pool, name).cpu())
+    want = reference(q.to(DTYPE).float(), pool, 1, tables, lengths)
+    err = float((got.cpu() - want).norm() / want.norm())
+    assert not torch.isnan(got).any() and err < (1e-2 if DTYPE == torch.bfloat16 else 2e-3), err
