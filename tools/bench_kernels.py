@@ -1,0 +1,228 @@
+"""Kernel figures against the roofline and a peer measured in the same run (the GPU box; issue 6).
+
+    python tools/bench_kernels.py [--out DIR]     # on the H200: check every kernel, then time it
+    python tools/bench_kernels.py --smoke         # anywhere: tiny shapes, Triton's interpreter on a CPU,
+                                                  # checks only (catches a broken script before device time)
+
+Ceilings, measured first: device-to-device copy (bytes read + written) and a bf16 cuBLAS matmul on
+random data. Then, on qwen3.8-27b's shapes:
+  - decode GEMV (NVFP4, int4-g128) at M = 1, 4, 8, 16: weight GB/s vs the copy ceiling, and speed vs the
+    peer, torch.matmul with the same weight in bf16 (what transformers runs; 4x the bytes);
+  - prefill at M = 8192: dequantize + cuBLAS vs the bf16 matmul peer and the FLOP ceiling;
+  - paged INT8 attention decode at 8K / 32K / 100K context, 1 and 8 sequences: KV GB/s vs the copy
+    ceiling, and speed vs torch SDPA over the same KV in bf16.
+Weights rotate over copies that outsize the L2, so timings are of HBM, not cache. Medians of
+triton.testing.do_bench. JSON + PNG to --out; a table of ratios last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+
+from ninfer_pack.quant import quantize_int, quantize_nvfp4  # noqa: E402
+from ninfer_run.kernels import int_linear, nvfp4_linear  # noqa: E402
+from ninfer_run.kernels.paged_attention import paged_attention  # noqa: E402
+from ninfer_run.kernels.paged_attention import reference as attention_reference  # noqa: E402
+from ninfer_run.kv.pool import BlockPool, KVLayout  # noqa: E402
+
+from bench_common import write_results  # noqa: E402
+
+# (name, N, K) of every quantized linear of a qwen3.8-27b layer, and how many layers have it
+LINEARS = [("gdn.in_proj_qkv", 10240, 5120, 48), ("gdn.in_proj_z", 6144, 5120, 48), ("gdn.out_proj", 5120, 6144, 48),
+           ("attn.q_proj", 12288, 5120, 16), ("attn.k_proj", 1024, 5120, 16), ("attn.v_proj", 1024, 5120, 16),
+           ("attn.o_proj", 5120, 6144, 16), ("mlp.gate_proj", 17408, 5120, 64), ("mlp.up_proj", 17408, 5120, 64),
+           ("mlp.down_proj", 5120, 17408, 64)]
+SMOKE_LINEARS = [("tiny", 64, 256, 1)]
+L2_BYTES = 60 << 20
+
+
+def _bench(fn) -> float:
+    """Median milliseconds."""
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def ceilings() -> dict:
+    n = 1 << 30
+    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+    copy_ms = _bench(lambda: dst.copy_(src))
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    mm_ms = _bench(lambda: a @ b)
+    return {"copy_GB_s": 2 * n / copy_ms / 1e6, "bf16_TFLOP_s": 2 * 8192**3 / mm_ms / 1e9}
+
+
+def _copies(make, nbytes: int) -> list:
+    return [make() for _ in range(max(1, -(-3 * L2_BYTES // max(nbytes, 1))))]
+
+
+def _rotating(fn_of, items):
+    state = {"i": 0}
+
+    def run():
+        fn_of(items[state["i"] % len(items)])
+        state["i"] += 1
+
+    return run
+
+
+def _nvfp4_weight(n, k, device):
+    q, s8, s2 = quantize_nvfp4(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.05)
+    return q, s8, s2
+
+
+def _int4_weight(n, k, device):
+    p = quantize_int(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.05, 4, 128, True, "w")
+    return p["qweight"], p["scale"]
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]:
+    rows = []
+    for name, n, k, _layers in shapes:
+        q, s8, s2 = _nvfp4_weight(n, k, device)
+        qi, si = _int4_weight(n, k, device)
+        for m in ((1, 4, 8, 16) if time_it else (1, 16)):
+            x = torch.randn(m, k, device=device).to(dtype)
+            checks = {"nvfp4": _rel(nvfp4_linear.gemv(x, q, s8, s2), nvfp4_linear.reference(x, q, s8, s2)),
+                      "int4": _rel(int_linear.gemv(x, qi, si, None, 4, 128), int_linear.reference(x, qi, si, None, 4, 128))}
+            row = {"linear": name, "N": n, "K": k, "M": m, "rel_err": checks}
+            if time_it:
+                nv_bytes = n * k // 2 + n * k // 16
+                i4_bytes = n * k // 2 + n * (k // 128) * 2
+                nv = _copies(lambda: _nvfp4_weight(n, k, device), nv_bytes)
+                i4 = _copies(lambda: _int4_weight(n, k, device), i4_bytes)
+                bf = _copies(lambda: torch.randn(k, n, device=device, dtype=torch.bfloat16), 2 * n * k)
+                row["nvfp4_ms"] = _bench(_rotating(lambda w: nvfp4_linear.gemv(x, *w), nv))
+                row["int4_ms"] = _bench(_rotating(lambda w: int_linear.gemv(x, w[0], w[1], None, 4, 128), i4))
+                row["bf16_peer_ms"] = _bench(_rotating(lambda w: x @ w, bf))
+                row["nvfp4_GB_s"] = nv_bytes / row["nvfp4_ms"] / 1e6
+                row["int4_GB_s"] = i4_bytes / row["int4_ms"] / 1e6
+                row["nvfp4_of_roofline"] = nv_bytes / (ceil["copy_GB_s"] * 1e6) / row["nvfp4_ms"]
+                row["nvfp4_vs_peer"] = row["bf16_peer_ms"] / row["nvfp4_ms"]
+                row["int4_vs_peer"] = row["bf16_peer_ms"] / row["int4_ms"]
+            rows.append(row)
+    return rows
+
+
+def prefill(device: str, dtype, shapes, ceil: dict, time_it: bool, m: int) -> list[dict]:
+    rows = []
+    for name, n, k, _layers in shapes:
+        q, s8, s2 = _nvfp4_weight(n, k, device)
+        x = torch.randn(m, k, device=device).to(dtype)
+        buf = torch.empty(n, k, device=device, dtype=dtype)
+        w = nvfp4_linear.dequantize(q, s8, s2, out=buf, dtype=dtype)
+        row = {"linear": name, "N": n, "K": k, "M": m,
+               "dequant_exact": bool(torch.equal(w, nvfp4_linear.reference_dequantize(q, s8, s2, dtype)))}
+        if time_it:
+            wb = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+            ours = _bench(lambda: x @ nvfp4_linear.dequantize(q, s8, s2, out=buf).T)
+            peer = _bench(lambda: x @ wb)
+            flops = 2 * m * n * k
+            row.update({"ours_ms": ours, "bf16_peer_ms": peer, "TFLOP_s": flops / ours / 1e9,
+                        "of_flop_ceiling": flops / ours / 1e9 / ceil["bf16_TFLOP_s"], "vs_peer": peer / ours})
+        rows.append(row)
+    return rows
+
+
+def attention(device: str, dtype, heads, contexts, batches, ceil: dict, time_it: bool) -> list[dict]:
+    hq, hkv, dim = heads
+    bs = 64
+    rows = []
+    for ctx in contexts:
+        for batch in batches:
+            blocks = -(-ctx // bs)
+            pool = BlockPool(KVLayout(1, hkv, dim, bs, "int8"), blocks * batch, device=device)
+            for t in (pool.k, pool.v):
+                t.copy_(torch.randint(-127, 128, t.shape, device=device, dtype=torch.int8))
+            for t in (pool.k_scale, pool.v_scale):
+                t.copy_(torch.rand(t.shape, device=device, dtype=torch.float16) * 0.02)
+            tables = torch.arange(blocks * batch, dtype=torch.int32, device=device).view(batch, blocks)
+            lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+            q = torch.randn(batch, 1, hq, dim, device=device).to(dtype)
+            got = paged_attention(q, pool, 0, tables, lens)
+            if not time_it:
+                want = attention_reference(q.float(), pool, 0, tables.tolist(), [ctx] * batch)
+                rows.append({"context": ctx, "batch": batch, "rel_err": _rel(got, want)})
+                continue
+            kv_bytes = 2 * batch * ctx * hkv * dim * (1 + 2 / 64)
+            ms = _bench(lambda: paged_attention(q, pool, 0, tables, lens))
+            kd = torch.randn(batch, hq, ctx, dim, device=device, dtype=torch.bfloat16)
+            qd = q.transpose(1, 2).to(torch.bfloat16)
+            peer = _bench(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, kd))
+            rows.append({"context": ctx, "batch": batch, "ms": ms, "KV_GB_s": kv_bytes / ms / 1e6,
+                         "of_roofline": kv_bytes / (ceil["copy_GB_s"] * 1e6) / ms, "bf16_sdpa_peer_ms": peer,
+                         "vs_peer": peer / ms})
+            del pool, kd
+    return rows
+
+
+def table(results: dict) -> str:
+    lines = []
+    c = results.get("ceilings")
+    if c:
+        lines.append(f"ceilings: copy {c['copy_GB_s']:.0f} GB/s, bf16 matmul {c['bf16_TFLOP_s']:.0f} TFLOP/s")
+    for r in results["decode_gemv"]:
+        if "nvfp4_ms" in r:
+            lines.append(f"gemv {r['linear']:<16} M={r['M']:<2} nvfp4 {r['nvfp4_GB_s']:6.0f} GB/s "
+                         f"({r['nvfp4_of_roofline']:.0%} roofline, {r['nvfp4_vs_peer']:.2f}x bf16)  "
+                         f"int4 {r['int4_GB_s']:6.0f} GB/s ({r['int4_vs_peer']:.2f}x bf16)")
+        else:
+            lines.append(f"gemv {r['linear']} M={r['M']} rel err {r['rel_err']}")
+    for r in results["prefill"]:
+        extra = (f" {r['TFLOP_s']:.0f} TFLOP/s = {r['of_flop_ceiling']:.0%} of ceiling, {r['vs_peer']:.2f}x bf16"
+                 if "ours_ms" in r else "")
+        lines.append(f"prefill {r['linear']:<16} M={r['M']} dequant exact={r['dequant_exact']}{extra}")
+    for r in results["attention"]:
+        extra = (f" {r['KV_GB_s']:.0f} GB/s = {r['of_roofline']:.0%} roofline, {r['vs_peer']:.2f}x bf16 SDPA"
+                 if "ms" in r else f" rel err {r['rel_err']:.1e}")
+        lines.append(f"attention ctx={r['context']:<6} C={r['batch']}{extra}")
+    if "decode_linear_projection" in results:
+        p = results["decode_linear_projection"]
+        lines.append(f"decode C=1, all linears of a forward (NVFP4 GEMV): {p['ms']:.2f} ms -> "
+                     f"<= {p['tok_s']:.0f} tok/s from linears alone; weight roofline {p['roofline_tok_s']:.0f} tok/s")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/bench")))
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, checks only (works on a CPU)")
+    args = parser.parse_args()
+    gpu = torch.cuda.is_available() and not args.smoke
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    shapes = LINEARS if gpu else SMOKE_LINEARS
+    results: dict = {}
+    ceil = ceilings() if gpu else {}
+    if ceil:
+        results["ceilings"] = ceil
+    results["decode_gemv"] = linears(device, dtype, shapes, ceil, gpu)
+    results["prefill"] = prefill(device, dtype, shapes, ceil, gpu, 8192 if gpu else 32)
+    results["attention"] = attention(device, dtype, (24, 4, 256) if gpu else (12, 2, 64),
+                                     (8192, 32768, 100_000) if gpu else (100,), (1, 8) if gpu else (2,), ceil, gpu)
+    if gpu:
+        m1 = [r for r in results["decode_gemv"] if r["M"] == 1]
+        ms = sum(r["nvfp4_ms"] * layers for r, (_, _, _, layers) in zip(m1, shapes))
+        weight_bytes = sum((n * k // 2 + n * k // 16) * layers for _, n, k, layers in shapes)
+        results["decode_linear_projection"] = {"ms": ms, "tok_s": 1000 / ms,
+                                               "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / weight_bytes}
+        write_results(args.out, "bench_kernels_h200", results)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
