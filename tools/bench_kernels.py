@@ -166,7 +166,6 @@ def attention(device: str, dtype, heads, contexts, batches, ceil: dict, time_it:
             rows.append({"context": ctx, "batch": batch, "ms": ms, "KV_GB_s": kv_bytes / ms / 1e6,
                          "of_roofline": kv_bytes / (ceil["copy_GB_s"] * 1e6) / ms, "bf16_sdpa_peer_ms": peer,
                          "vs_peer": peer / ms})
-            del pool, kd
     return rows
 
 
