@@ -18,6 +18,8 @@ import triton.language as tl
 
 from ninfer_format.quants import dequantize_int
 
+from .common import split_k, store_or_add
+
 
 def reference(x: torch.Tensor, qweight, scale, zero_point, bits: int, group: int) -> torch.Tensor:
     n, k = qweight.shape[0], x.shape[1]
@@ -70,10 +72,7 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_y
         acc += part * scale[None, :]
     mask = m_ok & (rn[None, :] < N)
     ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-    if SPLIT_K == 1:
-        tl.store(ptrs, acc, mask=mask)
-    else:
-        tl.atomic_add(ptrs, acc, mask=mask)
+    store_or_add(ptrs, acc, mask, SPLIT_K)
 
 
 @triton.jit
@@ -96,13 +95,6 @@ def _dequant_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUP: tl.constexpr, BITS:
              mask=n_ok)
 
 
-def _split_k(n_blocks: int, k_steps: int, target_programs: int) -> int:
-    split = 1
-    while n_blocks * split * 2 <= target_programs and split * 2 <= k_steps:
-        split *= 2
-    return split
-
-
 def gemv(x: torch.Tensor, qweight, scale, zero_point, bits: int, group: int, block_n: int = 64,
          programs: int | None = None) -> torch.Tensor:
     """x [M <= 16, K] (bf16/fp16) -> y [M, N] float32."""
@@ -111,9 +103,7 @@ def gemv(x: torch.Tensor, qweight, scale, zero_point, bits: int, group: int, blo
     if m > 16 or k % group or bits not in (4, 8):
         raise ValueError(f"gemv takes M <= 16, K % {group} == 0 and 4 or 8 bits, got M={m}, K={k}, bits={bits}")
     x = x.contiguous()
-    programs = programs or (torch.cuda.get_device_properties(x.device).multi_processor_count * 4
-                            if x.is_cuda else 1)
-    split = _split_k(triton.cdiv(n, block_n), k // group, programs)
+    split = split_k(x, triton.cdiv(n, block_n), k // group, programs)
     y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=x.device)
     zp = zero_point if zero_point is not None else scale  # unused when symmetric
     _gemv_kernel[(triton.cdiv(n, block_n), split)](

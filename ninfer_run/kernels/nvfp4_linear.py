@@ -19,6 +19,8 @@ import triton.language as tl
 
 from ninfer_format.quants import dequantize_nvfp4
 
+from .common import split_k, store_or_add
+
 
 def reference(x: torch.Tensor, qweight, block_scale, global_scale) -> torch.Tensor:
     """x [M, K] -> [M, N] in float32 (dequantize, then matmul)."""
@@ -65,10 +67,7 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, s2_ptr, y_ptr, M, N, K, stride_xm, stride_
     out = acc * tl.load(s2_ptr)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-    if SPLIT_K == 1:
-        tl.store(ptrs, out, mask=mask)
-    else:
-        tl.atomic_add(ptrs, out, mask=mask)
+    store_or_add(ptrs, out, mask, SPLIT_K)
 
 
 @triton.jit
@@ -94,13 +93,6 @@ def _f32(scalar: torch.Tensor) -> torch.Tensor:
     return scalar.reshape(1).to(torch.float32)
 
 
-def _split_k(n_blocks: int, k_blocks: int, target_programs: int) -> int:
-    split = 1
-    while n_blocks * split * 2 <= target_programs and split * 2 <= k_blocks:
-        split *= 2
-    return split
-
-
 def gemv(x: torch.Tensor, qweight, block_scale, global_scale, block_n: int = 64, block_k: int = 256,
          programs: int | None = None) -> torch.Tensor:
     """x [M <= 16, K] (bf16/fp16) -> y [M, N] float32."""
@@ -109,9 +101,7 @@ def gemv(x: torch.Tensor, qweight, block_scale, global_scale, block_n: int = 64,
     if m > 16 or k % block_k or block_k % 16:
         raise ValueError(f"gemv takes M <= 16 and K % {block_k} == 0, got M={m}, K={k}")
     x = x.contiguous()
-    programs = programs or (torch.cuda.get_device_properties(x.device).multi_processor_count * 4
-                            if x.is_cuda else 1)
-    split = _split_k(triton.cdiv(n, block_n), k // block_k, programs)
+    split = split_k(x, triton.cdiv(n, block_n), k // block_k, programs)
     y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, block_n), split)
     _gemv_kernel[grid](x, qweight, block_scale.view(torch.uint8), _f32(global_scale), y, m, n, k,
