@@ -73,5 +73,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset
     return torch.einsum("hqk,khd->qhd", probs, v)
 
 
-def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+def linear(x: torch.Tensor, weight) -> torch.Tensor:
+    """x @ W^T for a plain weight tensor; a quantized weight (kernels/linear.py) applies itself."""
+    return F.linear(x, weight) if isinstance(weight, torch.Tensor) else weight(x)
+
+
+def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
+    return linear(F.silu(linear(x, gate)) * linear(x, up), down)

@@ -26,15 +26,29 @@ class Loaded:
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", check: bool = False,
-         vision: bool = False) -> Loaded:
+         vision: bool = False, kernels: bool | None = None) -> Loaded:
     """`check=True` verifies every tensor's checksum while loading; `vision=True` also loads the
-    vision tower (ValueError if the artifact has none)."""
+    vision tower (ValueError if the artifact has none). With `kernels` (default: on a CUDA device)
+    quantized 2-D weights stay packed and run through the GPU kernels (kernels/linear.py); otherwise
+    every weight is dequantized once, the reference path."""
     artifact = Artifact(path)
     m = artifact.manifest
+    kernels = str(device).startswith("cuda") if kernels is None else kernels
+    scratch = None
+    if kernels:
+        from .kernels.linear import QuantizedLinear, Scratch
 
-    def weights(keep) -> dict[str, torch.Tensor]:
-        return {name: artifact.dequantized(name, check=check).to(device=device, dtype=dtype)
-                for name in artifact.tensor_names if keep(name)}
+        scratch = Scratch()
+
+    def weight(name: str):
+        t = artifact.entry(name)
+        if kernels and t.scheme["kind"] != "plain" and len(t.logical_shape) == 2:
+            parts = {role: p.to(device) for role, p in artifact.logical_parts(name, check=check).items()}
+            return QuantizedLinear(t.scheme, parts, t.logical_shape, scratch)
+        return artifact.dequantized(name, check=check).to(device=device, dtype=dtype)
+
+    def weights(keep) -> dict:
+        return {name: weight(name) for name in artifact.tensor_names if keep(name)}
 
     model = model_class(m.model["family"])(m.config, m.model["registry_entry"],
                                            weights(lambda n: not n.startswith(VISION_PREFIX)))

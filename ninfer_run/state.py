@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .kv.pool import BlockPool
+from .layers import causal_attention
 from .vision.prompt import MultimodalPrompt
 
 
@@ -25,6 +26,11 @@ class DenseKV:
         self._kv[layer] = (k, v)
         return k, v
 
+    def attend(self, layer: int, start: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store k/v at positions start.. and return causal attention of q [T, Hq, D] over all of them."""
+        keys, values = self.append(layer, start, k, v)
+        return causal_attention(q, keys, values, q_offset=start)
+
     def release(self) -> None:
         self._kv.clear()
 
@@ -35,6 +41,8 @@ class PagedKV:
     def __init__(self, pool: BlockPool, layers: dict[int, int]):
         self.pool, self.layers = pool, layers
         self.blocks: list[int] = []
+        # attention through the Triton kernel, reading the INT8 blocks in place (a CUDA pool)
+        self.kernel = pool.k.is_cuda and pool.layout.dtype == "int8"
 
     def append(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         end = start + k.shape[0]
@@ -44,6 +52,23 @@ class PagedKV:
         slot = self.layers[layer]
         self.pool.write(slot, self.blocks, start, k, v)
         return self.pool.read(slot, self.blocks, end, k.dtype)
+
+    def attend(self, layer: int, start: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store k/v at positions start.. and return causal attention of q [T, Hq, D] over the sequence.
+        On a CUDA INT8 pool the Triton kernel reads the blocks in place (kernels/paged_attention.py)."""
+        if not self.kernel:
+            keys, values = self.append(layer, start, k, v)
+            return causal_attention(q, keys, values, q_offset=start)
+        from .kernels.paged_attention import paged_attention
+
+        end = start + k.shape[0]
+        need = -(-end // self.pool.layout.block_size) - len(self.blocks)
+        if need > 0:
+            self.blocks += self.pool.allocate(need)
+        self.pool.write(self.layers[layer], self.blocks, start, k, v)
+        table = torch.tensor([self.blocks], dtype=torch.int32, device=q.device)
+        lens = torch.tensor([end], dtype=torch.int32, device=q.device)
+        return paged_attention(q[None], self.pool, self.layers[layer], table, lens)[0].to(q.dtype)
 
     def release(self) -> None:
         self.pool.release(self.blocks)

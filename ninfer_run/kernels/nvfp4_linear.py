@@ -93,12 +93,14 @@ def _f32(scalar: torch.Tensor) -> torch.Tensor:
     return scalar.reshape(1).to(torch.float32)
 
 
-def gemv(x: torch.Tensor, qweight, block_scale, global_scale, block_n: int = 64, block_k: int = 256,
+def gemv(x: torch.Tensor, qweight, block_scale, global_scale, block_n: int = 64, block_k: int | None = None,
          programs: int | None = None) -> torch.Tensor:
-    """x [M <= 16, K] (bf16/fp16) -> y [M, N] float32."""
+    """x [M <= 16, K] (bf16/fp16) -> y [M, N] float32. K steps of 256 (or the largest of 128, 64, 32
+    dividing K)."""
     m, k = x.shape
     n = qweight.shape[0]
-    if m > 16 or k % block_k or block_k % 16:
+    block_k = block_k or next((b for b in (256, 128, 64, 32) if k % b == 0), 256)
+    if m > 16 or k % block_k or block_k % 32:
         raise ValueError(f"gemv takes M <= 16 and K % {block_k} == 0, got M={m}, K={k}")
     x = x.contiguous()
     split = split_k(x, triton.cdiv(n, block_n), k // block_k, programs)

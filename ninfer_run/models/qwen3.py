@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..layers import apply_rope, causal_attention, rms_norm, rope_cos_sin, swiglu_mlp
+from ..layers import apply_rope, linear, rms_norm, rope_cos_sin, swiglu_mlp
 from ..state import SequenceState
 
 
@@ -40,13 +40,12 @@ class Model:
     def _attention(self, p: str, x: torch.Tensor, i: int, state: SequenceState) -> torch.Tensor:
         c, w = self.cfg, self.w
         t = x.shape[0]
-        q = rms_norm(F.linear(x, w[p + "q_proj.weight"]).view(t, c.num_heads, c.head_dim), w[p + "q_norm.weight"], c.eps, 0.0)
-        k = rms_norm(F.linear(x, w[p + "k_proj.weight"]).view(t, c.num_kv_heads, c.head_dim), w[p + "k_norm.weight"], c.eps, 0.0)
-        v = F.linear(x, w[p + "v_proj.weight"]).view(t, c.num_kv_heads, c.head_dim)
+        q = rms_norm(linear(x, w[p + "q_proj.weight"]).view(t, c.num_heads, c.head_dim), w[p + "q_norm.weight"], c.eps, 0.0)
+        k = rms_norm(linear(x, w[p + "k_proj.weight"]).view(t, c.num_kv_heads, c.head_dim), w[p + "k_norm.weight"], c.eps, 0.0)
+        v = linear(x, w[p + "v_proj.weight"]).view(t, c.num_kv_heads, c.head_dim)
         cos, sin = rope_cos_sin(torch.arange(state.length, state.length + t), c.head_dim, c.rope_theta, x.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k, v = state.kv.append(i, state.length, k, v)
-        return F.linear(causal_attention(q, k, v, q_offset=state.length).reshape(t, -1), w[p + "o_proj.weight"])
+        return linear(state.kv.attend(i, state.length, q, k, v).reshape(t, -1), w[p + "o_proj.weight"])
 
     has_mtp = False
 
@@ -65,4 +64,4 @@ class Model:
         state.length += tokens.shape[0]
         state.last_forward = tokens.shape[0]
         hidden = rms_norm(x, w["model.norm.weight"], c.eps, 0.0)
-        return hidden, F.linear(hidden, w.get("lm_head.weight", w["model.embed_tokens.weight"]))
+        return hidden, linear(hidden, w.get("lm_head.weight", w["model.embed_tokens.weight"]))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..layers import apply_rope, causal_attention, gated_rms_norm, rms_norm, rope_cos_sin, swiglu_mlp
+from ..layers import apply_rope, gated_rms_norm, linear, rms_norm, rope_cos_sin, swiglu_mlp
 from ..state import SequenceState
 
 
@@ -79,10 +79,10 @@ class Model:
     def _gdn(self, i: int, x: torch.Tensor, state: SequenceState) -> torch.Tensor:
         c, p = self.cfg, f"layers.{i}.linear_attn."
         t = x.shape[0]
-        qkv = F.linear(x, self._p(p + "in_proj_qkv.weight"))
-        z = F.linear(x, self._p(p + "in_proj_z.weight")).view(t, c.v_heads, c.v_dim)
-        b = F.linear(x, self._p(p + "in_proj_b.weight"))
-        a = F.linear(x, self._p(p + "in_proj_a.weight"))
+        qkv = linear(x, self._p(p + "in_proj_qkv.weight"))
+        z = linear(x, self._p(p + "in_proj_z.weight")).view(t, c.v_heads, c.v_dim)
+        b = linear(x, self._p(p + "in_proj_b.weight"))
+        a = linear(x, self._p(p + "in_proj_a.weight"))
         # causal depthwise conv over [previous K-1 inputs | new inputs], then SiLU
         k = c.conv_kernel
         history = state.conv.get(i, torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype))
@@ -111,24 +111,23 @@ class Model:
         if state.keep_steps:
             state.steps[i] = steps
         o = gated_rms_norm(out.to(x.dtype), z, self._p(p + "norm.weight"), c.eps)
-        return F.linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
+        return linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
 
     def _attention(self, w, x: torch.Tensor, key: int, state: SequenceState) -> torch.Tensor:
         """Gated full attention; `w(name)` looks up this layer's tensors, `key` names its KV slot."""
         c = self.cfg
         t = x.shape[0]
-        qg = F.linear(x, w("self_attn.q_proj.weight")).view(t, c.num_heads, 2 * c.head_dim)
+        qg = linear(x, w("self_attn.q_proj.weight")).view(t, c.num_heads, 2 * c.head_dim)
         q, gate = qg[..., : c.head_dim], qg[..., c.head_dim :]
         q = rms_norm(q, w("self_attn.q_norm.weight"), c.eps, 1.0)
-        k = rms_norm(F.linear(x, w("self_attn.k_proj.weight")).view(t, c.num_kv_heads, c.head_dim),
+        k = rms_norm(linear(x, w("self_attn.k_proj.weight")).view(t, c.num_kv_heads, c.head_dim),
                      w("self_attn.k_norm.weight"), c.eps, 1.0)
-        v = F.linear(x, w("self_attn.v_proj.weight")).view(t, c.num_kv_heads, c.head_dim)
+        v = linear(x, w("self_attn.v_proj.weight")).view(t, c.num_kv_heads, c.head_dim)
         cos, sin = rope_cos_sin(state.rope_positions(t), c.rotary_dim, c.rope_theta, x.dtype, c.mrope_section)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k, v = state.kv.append(key, state.length, k, v)
-        o = causal_attention(q, k, v, q_offset=state.length).reshape(t, -1)
+        o = state.kv.attend(key, state.length, q, k, v).reshape(t, -1)
         o = o * torch.sigmoid(gate.reshape(t, -1))
-        return F.linear(o, w("self_attn.o_proj.weight"))
+        return linear(o, w("self_attn.o_proj.weight"))
 
     def _layer(self, w, x: torch.Tensor, mixer) -> torch.Tensor:
         c = self.cfg
@@ -152,7 +151,7 @@ class Model:
         state.length += tokens.shape[0]
         state.last_forward = tokens.shape[0]
         hidden = rms_norm(x, self._p("norm.weight"), c.eps, 1.0)
-        return hidden, F.linear(hidden, self.lm_head)
+        return hidden, linear(hidden, self.lm_head)
 
     @property
     def has_mtp(self) -> bool:
@@ -165,13 +164,13 @@ class Model:
         c, w = self.cfg, self.w
         e = rms_norm(F.embedding(next_tokens, self._p("embed_tokens.weight")), w["mtp.pre_fc_norm_embedding.weight"], c.eps, 1.0)
         h = rms_norm(hidden, w["mtp.pre_fc_norm_hidden.weight"], c.eps, 1.0)
-        u = F.linear(torch.cat((e, h), dim=-1), w["mtp.fc.weight"])
+        u = linear(torch.cat((e, h), dim=-1), w["mtp.fc.weight"])
         layer = (lambda name: w[f"mtp.layers.0.{name}"])
         u = self._layer(layer, u, lambda x: self._attention(layer, x, -1, state))
         state.length += next_tokens.shape[0]
         state.last_forward = next_tokens.shape[0]
         d = rms_norm(u, w["mtp.norm.weight"], c.eps, 1.0)
-        return d, F.linear(d, self.lm_head)
+        return d, linear(d, self.lm_head)
 
     def kv_layers(self) -> list[int]:
         """Keys of the layers that keep KV (the full-attention layers)."""

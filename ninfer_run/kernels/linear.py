@@ -1,0 +1,58 @@
+"""Quantized weights that apply themselves (layers.linear calls them): the GPU path's linear layer.
+
+Few rows (decode, MTP verification: T <= 16) run the GEMV kernels straight from the packed weight;
+more rows (prefill chunks) dequantize into one shared bf16 scratch buffer, sized to the largest
+weight, and run a single cuBLAS matmul. The weight's parts are the artifact's logical (row-major)
+parts, on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import int_linear, nvfp4_linear
+
+GEMV_MAX_ROWS = 16
+
+
+class Scratch:
+    """One dequantization buffer shared by every quantized weight of a model (they run one at a time)."""
+
+    def __init__(self):
+        self._buffer: torch.Tensor | None = None
+
+    def view(self, n: int, k: int, dtype: torch.dtype, device) -> torch.Tensor:
+        if self._buffer is None or self._buffer.numel() < n * k or self._buffer.dtype != dtype:
+            self._buffer = torch.empty(n * k, dtype=dtype, device=device)
+        return self._buffer[: n * k].view(n, k)
+
+
+class QuantizedLinear:
+    def __init__(self, scheme: dict, parts: dict[str, torch.Tensor], shape: tuple[int, int], scratch: Scratch):
+        if scheme["kind"] not in ("nvfp4", "int"):
+            raise ValueError(f"no kernel for scheme {scheme['kind']!r}")
+        self.scheme, self.parts, self.shape, self.scratch = scheme, parts, shape, scratch
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k)
+        if x2.shape[0] <= GEMV_MAX_ROWS:
+            y = self._gemv(x2)
+        else:
+            w = self._dequantize(self.scratch.view(*self.shape, x.dtype, x.device))
+            y = x2 @ w.T
+        return y.to(x.dtype).reshape(*lead, self.shape[0])
+
+    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.parts
+        if self.scheme["kind"] == "nvfp4":
+            return nvfp4_linear.gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
+        return int_linear.gemv(x, p["qweight"], p["scale"], p.get("zero_point"), self.scheme["bits"],
+                               self.scheme["group_size"])
+
+    def _dequantize(self, out: torch.Tensor) -> torch.Tensor:
+        p = self.parts
+        if self.scheme["kind"] == "nvfp4":
+            return nvfp4_linear.dequantize(p["qweight"], p["block_scale"], p["global_scale"], out=out)
+        return int_linear.dequantize(p["qweight"], p["scale"], p.get("zero_point"), self.scheme["bits"],
+                                     self.scheme["group_size"], self.shape[1], out=out)

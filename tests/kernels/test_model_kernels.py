@@ -1,0 +1,47 @@
+"""The tiny hybrid model with attention through the Triton paged kernel equals the pure-torch path."""
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.gpu  # `pytest -m gpu`: compiled on a GPU, in Triton's interpreter elsewhere
+
+from ninfer_run.kv.pool import BlockPool, KVLayout  # noqa: E402
+from ninfer_run.state import PagedKV, SequenceState  # noqa: E402
+
+
+@pytest.mark.parametrize("model_id", ["tiny-qwen3.5", "tiny-qwen3"])
+def test_paged_kernel_attention_in_the_model(tiny_model, model_id):
+    model = tiny_model(model_id)
+    c = model.cfg
+    layers = {key: i for i, key in enumerate(model.kv_layers())}
+    tokens = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(3))
+    outs = {}
+    for kernel in (False, True):
+        kv = PagedKV(BlockPool(KVLayout(len(layers), c.num_kv_heads, c.head_dim, 16, "int8"), 8), layers)
+        kv.kernel = kernel
+        state = SequenceState(kv=kv)
+        _, prefill = model.forward(tokens[:33], state)  # chunked prefill over the pool
+        steps = [model.forward(tokens[i : i + 1], state)[1] for i in range(33, 40)]  # decode
+        outs[kernel] = torch.cat([prefill, *steps])
+    err = float((outs[True] - outs[False]).abs().max() / outs[False].abs().max())
+    assert err < 1e-4, err
+
+
+@pytest.mark.parametrize("profile", ["nvfp4", "int4", "int4-asym", "int8"])
+def test_quantized_weights_through_the_kernels(packed, profile):
+    """Packed weights applied by the GEMV (decode) and dequantize + matmul (prefill) kernels give the
+    reference model's logits."""
+    from ninfer_run.loader import load
+
+    path = packed("tiny-qwen3.5", profile)
+    reference, fast = load(path).model, load(path, kernels=True).model
+    tokens = torch.randint(0, 512, (24,), generator=torch.Generator().manual_seed(4))
+    outs = []
+    for model in (reference, fast):
+        state = SequenceState()
+        _, prefill = model.forward(tokens[:20], state)  # 20 rows: dequantize + matmul
+        steps = [model.forward(tokens[i : i + 1], state)[1] for i in range(20, 24)]  # 1 row: GEMV
+        outs.append(torch.cat([prefill, *steps]))
+    err = float((outs[1] - outs[0]).abs().max() / outs[0].abs().max())
+    assert err < 1e-4, err
