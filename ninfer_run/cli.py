@@ -148,7 +148,7 @@ def serve(
     max_frontiers: int = _MAX_FRONTIERS,
     api_key: str | None = typer.Option(None, "--api-key", envvar="NINFER_API_KEY", help="require this key"),
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="model id in the API"),
-    device: str = typer.Option("cpu", "--device", help="cpu (reference path); GPU kernels arrive with the GPU issue"),
+    device: str = typer.Option("cpu", "--device", help="cpu (pure-torch reference path) or cuda[:N] (GPU kernels)"),
     mem: str | None = typer.Option(None, "--gpu-mem", help="memory to plan against (default: what the device has free)"),
     vision: bool = typer.Option(False, "--vision", help="serve the vision tower: images in both APIs"),
     media_cache_mib: int = typer.Option(1024, "--media-cache-mib", help="vision encoder output cache"),
@@ -159,6 +159,7 @@ def serve(
     """Serve an artifact over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic
     (/v1/messages, /v1/messages/count_tokens) APIs, /health and Prometheus /metrics. Refuses, with the
     memory plan, a configuration that does not fit."""
+    import torch
     import uvicorn
 
     from .chat import Chat
@@ -183,7 +184,9 @@ def serve(
         _fail("this configuration does not fit in memory: lower --max-context or --max-concurrency "
               "(`ninfer-run plan` recommends values)")
     try:
-        loaded = load(path, device=device, vision=vision)
+        # the GPU path computes in bf16 through the kernels; the CPU reference path in float32
+        loaded = load(path, device=device, vision=vision,
+                      dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32)
         chat = Chat.from_artifact(loaded.artifact)
         support = _vision_support(loaded, media_cache_mib, media_live_mib, allow_image_urls) if vision else None
     except (FormatError, OSError, ValueError) as err:

@@ -122,11 +122,13 @@ def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.
     c = model.cfg
     layout = KVLayout(len(layers), c.num_kv_heads, c.head_dim, config.block_size, config.kv_dtype)
     recurrent = "linear_attention" in getattr(c, "layer_types", ())
-    cache = PrefixCache(BlockPool.for_context(layout, config.max_context), layers, recurrent, config.max_frontiers)
+    device = model.device  # the KV pools live beside the weights
+    cache = PrefixCache(BlockPool.for_context(layout, config.max_context, device), layers, recurrent,
+                        config.max_frontiers)
     mtp_pool = None
     if config.draft_tokens:
         mtp_layout = KVLayout(1, c.num_kv_heads, c.head_dim, config.block_size, config.kv_dtype)
-        mtp_pool = BlockPool.for_context(mtp_layout, config.max_context)
+        mtp_pool = BlockPool.for_context(mtp_layout, config.max_context, device)
     return Engine(model, cache, config, clock, mtp_pool, media)
 
 

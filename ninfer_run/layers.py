@@ -37,11 +37,12 @@ def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: 
     `positions` [T], or [3, T] (t, h, w) for interleaved M-RoPE: frequency j takes its position from
     axis 1 if j % 3 == 1 and j < 3 * section[1], axis 2 if j % 3 == 2 and j < 3 * section[2], else axis 0
     (transformers' Qwen3.5 `recomposition_frequencies`). Equal axes give plain RoPE."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=positions.device).float()
+                                / rotary_dim))
     if positions.ndim == 1:
         freqs = positions.float()[:, None] * inv_freq[None, :]
     else:
-        j = torch.arange(inv_freq.shape[0])
+        j = torch.arange(inv_freq.shape[0], device=positions.device)
         axis = torch.zeros_like(j)
         axis[(j % 3 == 1) & (j < 3 * mrope_section[1])] = 1
         axis[(j % 3 == 2) & (j < 3 * mrope_section[2])] = 2
@@ -67,7 +68,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset
     v = v.repeat_interleave(groups, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * q.shape[-1] ** -0.5
     tq, tk = q.shape[0], k.shape[0]
-    mask = torch.arange(tk)[None, :] > (torch.arange(tq)[:, None] + q_offset)
+    mask = torch.arange(tk, device=q.device)[None, :] > (torch.arange(tq, device=q.device)[:, None] + q_offset)
     scores = scores.masked_fill(mask[None], float("-inf"))
     probs = scores.softmax(-1).to(q.dtype)
     return torch.einsum("hqk,khd->qhd", probs, v)

@@ -27,7 +27,9 @@ class SamplingParams:
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution the sampler draws from: softmax(logits / T) restricted to top-k / top-p."""
+    """The distribution the sampler draws from: softmax(logits / T) restricted to top-k / top-p.
+    On the host (one vocabulary row per token), where the seeded CPU generators draw."""
+    logits = logits.cpu()
     if params.greedy:
         out = torch.zeros_like(logits, dtype=torch.float32)
         out[int(logits.argmax())] = 1.0

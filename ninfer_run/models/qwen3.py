@@ -37,13 +37,18 @@ class Model:
         self.cfg = DenseConfig.from_config(config)
         self.w = weights
 
+    @property
+    def device(self) -> torch.device:
+        return self.w["model.embed_tokens.weight"].device
+
     def _attention(self, p: str, x: torch.Tensor, i: int, state: SequenceState) -> torch.Tensor:
         c, w = self.cfg, self.w
         t = x.shape[0]
         q = rms_norm(linear(x, w[p + "q_proj.weight"]).view(t, c.num_heads, c.head_dim), w[p + "q_norm.weight"], c.eps, 0.0)
         k = rms_norm(linear(x, w[p + "k_proj.weight"]).view(t, c.num_kv_heads, c.head_dim), w[p + "k_norm.weight"], c.eps, 0.0)
         v = linear(x, w[p + "v_proj.weight"]).view(t, c.num_kv_heads, c.head_dim)
-        cos, sin = rope_cos_sin(torch.arange(state.length, state.length + t), c.head_dim, c.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(torch.arange(state.length, state.length + t, device=x.device), c.head_dim,
+                                c.rope_theta, x.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return linear(state.kv.attend(i, state.length, q, k, v).reshape(t, -1), w[p + "o_proj.weight"])
 
@@ -55,7 +60,7 @@ class Model:
     def forward(self, tokens: torch.Tensor, state: SequenceState) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`."""
         c, w = self.cfg, self.w
-        x = F.embedding(tokens, w["model.embed_tokens.weight"])
+        x = F.embedding(tokens.to(w["model.embed_tokens.weight"].device), w["model.embed_tokens.weight"])
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             x = x + self._attention(p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], c.eps, 0.0), i, state)

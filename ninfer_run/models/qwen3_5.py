@@ -85,7 +85,7 @@ class Model:
         a = linear(x, self._p(p + "in_proj_a.weight"))
         # causal depthwise conv over [previous K-1 inputs | new inputs], then SiLU
         k = c.conv_kernel
-        history = state.conv.get(i, torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype))
+        history = state.conv.get(i, torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype, device=qkv.device))
         padded = torch.cat((history, qkv), dim=0)
         state.conv[i] = padded[-(k - 1):].clone()
         weight = self._p(p + "conv1d.weight")[:, 0, :]  # [C, K]
@@ -97,8 +97,8 @@ class Model:
         v = v.view(t, c.v_heads, c.v_dim).float()
         beta = b.sigmoid().float()
         g = -self._p(p + "A_log").float().exp() * F.softplus(a.float() + self._p(p + "dt_bias"))
-        s = state.recurrent.get(i, torch.zeros(c.v_heads, c.k_dim, c.v_dim))
-        out = torch.empty(t, c.v_heads, c.v_dim)
+        s = state.recurrent.get(i, torch.zeros(c.v_heads, c.k_dim, c.v_dim, device=x.device))
+        out = torch.empty(t, c.v_heads, c.v_dim, device=x.device)
         steps = []
         for j in range(t):
             s = s * g[j].exp()[:, None, None]
@@ -123,7 +123,8 @@ class Model:
         k = rms_norm(linear(x, w("self_attn.k_proj.weight")).view(t, c.num_kv_heads, c.head_dim),
                      w("self_attn.k_norm.weight"), c.eps, 1.0)
         v = linear(x, w("self_attn.v_proj.weight")).view(t, c.num_kv_heads, c.head_dim)
-        cos, sin = rope_cos_sin(state.rope_positions(t), c.rotary_dim, c.rope_theta, x.dtype, c.mrope_section)
+        cos, sin = rope_cos_sin(state.rope_positions(t).to(x.device), c.rotary_dim, c.rope_theta, x.dtype,
+                                c.mrope_section)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = state.kv.attend(key, state.length, q, k, v).reshape(t, -1)
         o = o * torch.sigmoid(gate.reshape(t, -1))
@@ -138,10 +139,11 @@ class Model:
     def forward(self, tokens: torch.Tensor, state: SequenceState) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`."""
         c = self.cfg
-        x = F.embedding(tokens, self._p("embed_tokens.weight"))
+        embed = self._p("embed_tokens.weight")
+        x = F.embedding(tokens.to(embed.device), embed)
         images = state.image_embeddings(tokens.shape[0])
         if images is not None:
-            x[images[0]] = images[1].to(x.dtype)
+            x[images[0].to(x.device)] = images[1].to(x.device, x.dtype)
         for i, kind in enumerate(c.layer_types):
             w = (lambda name, i=i: self._p(f"layers.{i}.{name}"))
             if kind == "linear_attention":
@@ -162,7 +164,8 @@ class Model:
         x_{t+2}); own KV in `state`, positions those of h_t (vLLM's convention). As in vLLM, repeated
         draft steps reuse MTP layer 0 and feed its normed output back as the next hidden."""
         c, w = self.cfg, self.w
-        e = rms_norm(F.embedding(next_tokens, self._p("embed_tokens.weight")), w["mtp.pre_fc_norm_embedding.weight"], c.eps, 1.0)
+        embed = self._p("embed_tokens.weight")
+        e = rms_norm(F.embedding(next_tokens.to(embed.device), embed), w["mtp.pre_fc_norm_embedding.weight"], c.eps, 1.0)
         h = rms_norm(hidden, w["mtp.pre_fc_norm_hidden.weight"], c.eps, 1.0)
         u = linear(torch.cat((e, h), dim=-1), w["mtp.fc.weight"])
         layer = (lambda name: w[f"mtp.layers.0.{name}"])
@@ -175,6 +178,10 @@ class Model:
     def kv_layers(self) -> list[int]:
         """Keys of the layers that keep KV (the full-attention layers)."""
         return [i for i, kind in enumerate(self.cfg.layer_types) if kind == "full_attention"]
+
+    @property
+    def device(self) -> torch.device:
+        return self._p("embed_tokens.weight").device
 
     @property
     def lm_head(self) -> torch.Tensor:

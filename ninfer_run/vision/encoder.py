@@ -76,9 +76,10 @@ class VisionTower:
         rows, cols = merge_order_coords(h, w, self.cfg.merge)
         rt, rw = _bilinear_taps(rows, h, side)
         ct, cw = _bilinear_taps(cols, w, side)
-        index = (rt[:, :, None] * side + ct[:, None, :]).reshape(-1, 4)
-        weight = (rw[:, :, None] * cw[:, None, :]).reshape(-1, 4)
-        return (F.embedding(index, self._p("pos_embed.weight")) * weight[..., None]).sum(1)
+        table = self._p("pos_embed.weight")
+        index = (rt[:, :, None] * side + ct[:, None, :]).reshape(-1, 4).to(table.device)
+        weight = (rw[:, :, None] * cw[:, None, :]).reshape(-1, 4).to(table.device)
+        return (F.embedding(index, table) * weight[..., None]).sum(1)
 
     def _rope(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         head_dim = self.cfg.hidden // self.cfg.heads
@@ -126,9 +127,9 @@ class VisionTower:
         if t != 1:
             raise ValueError("still images only (t = 1)")
         weight = self._p("patch_embed.proj.weight")
-        x = F.linear(pixels.to(weight.dtype), weight.reshape(c.hidden, -1), self._p("patch_embed.proj.bias"))
+        x = F.linear(pixels.to(weight.device, weight.dtype), weight.reshape(c.hidden, -1), self._p("patch_embed.proj.bias"))
         x = x + self._positions(h, w).to(x.dtype)
-        cos, sin = self._rope(h, w)
+        cos, sin = (t.to(x.device) for t in self._rope(h, w))
         for i in range(c.depth):
             x = self._block(i, x, cos, sin)
         x = F.layer_norm(x, (c.hidden,), self._p("merger.norm.weight"), self._p("merger.norm.bias"), 1e-6)
