@@ -45,3 +45,23 @@ def test_quantized_weights_through_the_kernels(packed, profile):
         outs.append(torch.cat([prefill, *steps]))
     err = float((outs[1] - outs[0]).abs().max() / outs[0].abs().max())
     assert err < 1e-4, err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("profile", ["nvfp4", "int4"])
+def test_engine_on_cuda_matches_the_cpu_reference(packed, profile):
+    """The whole GPU path (packed weights, bf16, paged INT8 kernel, engine pools on the device)."""
+    from ninfer_run.engine import EngineConfig, Request, build_engine
+    from ninfer_run.loader import load
+
+    path = packed("tiny-qwen3.5", profile)
+    cpu, gpu = load(path).model, load(path, device="cuda", dtype=torch.bfloat16).model
+    tokens = torch.randint(0, 512, (50,), generator=torch.Generator().manual_seed(5))
+    ref = cpu.forward(tokens, SequenceState())[1]
+    engine = build_engine(gpu, EngineConfig(max_context=512, prefill_chunk=16, block_size=16))
+    kv = PagedKV(engine.cache.pool, {key: i for i, key in enumerate(gpu.kv_layers())})
+    got = gpu.forward(tokens, SequenceState(kv=kv))[1].float().cpu()
+    assert float((got - ref).norm() / ref.norm()) < 3e-2  # bf16 activations vs the float32 reference
+    result = engine.submit(Request(tokens.tolist(), max_tokens=8))
+    engine.run_until_done()
+    assert result.finish_reason == "length" and len(result.tokens) == 8
