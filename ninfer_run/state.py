@@ -44,14 +44,18 @@ class PagedKV:
         # attention through the Triton kernel, reading the INT8 blocks in place (a CUDA pool)
         self.kernel = pool.k.is_cuda and pool.layout.dtype == "int8"
 
-    def append(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> int:
+        """Store k/v at positions start.. (growing the block table as needed); -> the new length."""
         end = start + k.shape[0]
         need = -(-end // self.pool.layout.block_size) - len(self.blocks)
         if need > 0:
             self.blocks += self.pool.allocate(need)
-        slot = self.layers[layer]
-        self.pool.write(slot, self.blocks, start, k, v)
-        return self.pool.read(slot, self.blocks, end, k.dtype)
+        self.pool.write(self.layers[layer], self.blocks, start, k, v)
+        return end
+
+    def append(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self._write(layer, start, k, v)
+        return self.pool.read(self.layers[layer], self.blocks, end, k.dtype)
 
     def attend(self, layer: int, start: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store k/v at positions start.. and return causal attention of q [T, Hq, D] over the sequence.
@@ -61,11 +65,7 @@ class PagedKV:
             return causal_attention(q, keys, values, q_offset=start)
         from .kernels.paged_attention import paged_attention
 
-        end = start + k.shape[0]
-        need = -(-end // self.pool.layout.block_size) - len(self.blocks)
-        if need > 0:
-            self.blocks += self.pool.allocate(need)
-        self.pool.write(self.layers[layer], self.blocks, start, k, v)
+        end = self._write(layer, start, k, v)
         table = torch.tensor([self.blocks], dtype=torch.int32, device=q.device)
         lens = torch.tensor([end], dtype=torch.int32, device=q.device)
         return paged_attention(q[None], self.pool, self.layers[layer], table, lens)[0].to(q.dtype)
