@@ -44,6 +44,7 @@ class ModelShape:
     hidden: int
     intermediate: int
     vocab: int
+    max_positions: int = 0  # the model's context limit (max_position_embeddings); 0 = unknown
     gdn_k_heads: int = 0
     gdn_v_heads: int = 0
     gdn_k_dim: int = 0
@@ -59,14 +60,15 @@ class ModelShape:
             return cls(attention_layers=kinds.count("full_attention"), gdn_layers=kinds.count("linear_attention"),
                        kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], q_heads=t["num_attention_heads"],
                        hidden=t["hidden_size"], intermediate=t["intermediate_size"], vocab=t["vocab_size"],
-                       gdn_k_heads=t["linear_num_key_heads"], gdn_v_heads=t["linear_num_value_heads"],
+                       max_positions=t.get("max_position_embeddings", 0), gdn_k_heads=t["linear_num_key_heads"], gdn_v_heads=t["linear_num_value_heads"],
                        gdn_k_dim=t["linear_key_head_dim"], gdn_v_dim=t["linear_value_head_dim"],
                        conv_kernel=t["linear_conv_kernel_dim"])
         if family == "qwen3_dense":
             return cls(attention_layers=config["num_hidden_layers"], gdn_layers=0,
                        kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
                        q_heads=config["num_attention_heads"], hidden=config["hidden_size"],
-                       intermediate=config["intermediate_size"], vocab=config["vocab_size"])
+                       intermediate=config["intermediate_size"], vocab=config["vocab_size"],
+                       max_positions=config.get("max_position_embeddings", 0))
         raise ValueError(f"no memory model for family {family!r}")
 
     @property
@@ -176,10 +178,12 @@ def plan(shape: ModelShape, weights: int, config: EngineConfig, device: str = "c
 
 def largest_context(shape: ModelShape, weights: int, config: EngineConfig, capacity: int, margin: int,
                     step: int = 4096, **kw) -> int:
-    """The largest --max-context (a multiple of `step`) that fits in `capacity - margin`; 0 if none does."""
+    """The largest --max-context (a multiple of `step`, at most the model's own context) that fits in
+    `capacity - margin`; 0 if none does."""
     fixed = plan(shape, weights, _with(config, max_context=0), **kw)
     room = capacity - margin - fixed.device_total
-    return max(0, room // fixed.kv_per_token // step * step)
+    fits = max(0, room // fixed.kv_per_token // step * step)
+    return min(fits, shape.max_positions) if shape.max_positions else fits
 
 
 @dataclass(frozen=True)

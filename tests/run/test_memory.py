@@ -57,6 +57,11 @@ def test_recommendation_prefers_resident_prompts():
     got = plan(shape, SEED_WEIGHTS, EngineConfig(max_context=advice.max_context, max_concurrency=2, draft_tokens=3),
                **media)
     assert 256 * MiB <= got.slack(CARD) < 256 * MiB + 4096 * got.kv_per_token  # the largest step that keeps the margin
+    # without vision buffers memory would allow ~274K tokens: the model's own 262,144 positions cap the advice
+    no_vision = recommend(shape, SEED_WEIGHTS, asked, CARD, SEED_MEDIAN)
+    assert no_vision.max_context == shape.max_positions == 262_144
+    roomy = plan(shape, SEED_WEIGHTS, EngineConfig(max_context=262_144 + 4096, max_concurrency=2, draft_tokens=3))
+    assert roomy.slack(CARD) >= 256 * MiB  # memory would take more: the cap is what binds
     nothing_fits = recommend(shape, 40 * GiB, asked, CARD, SEED_MEDIAN)
     assert nothing_fits.max_context == 0 and "does not fit" in nothing_fits.reason
 
