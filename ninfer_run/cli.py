@@ -102,7 +102,7 @@ def plan(
     does not fit."""
     import json
 
-    from .memory import artifact_plan, format_plan, recommend
+    from .memory import artifact_plan, format_plan, recommend, reuse_holds
 
     config = _engine_config(max_context, max_concurrency, prefill_chunk, kv_dtype, spec, draft_tokens, max_frontiers)
     capacity = _size(gpu_mem)
@@ -119,8 +119,7 @@ def plan(
                                "device_total": p.device_total, "host_total": p.host_total,
                                "components": {name: value for name, value, _ in p.rows()},
                                "kv_bytes_per_token": p.kv_per_token,
-                               "reuse_holds": None if not median_prompt else
-                               p.config.max_concurrency * median_prompt <= p.config.max_context,
+                               "reuse_holds": reuse_holds(config, median_prompt) if median_prompt else None,
                                "recommended": {"max_context": advice.max_context,
                                                "max_concurrency": advice.max_concurrency, "why": advice.reason}},
                               indent=1))

@@ -24,6 +24,7 @@ from math import prod
 
 from .engine import EngineConfig
 from .kv.quant import GROUP
+from .vision.encoder import PREFIX as VISION_PREFIX
 
 MiB, GiB = 2**20, 2**30
 RUNTIME_OVERHEAD = 512 * MiB  # estimate: CUDA context, library handles, allocator rounding
@@ -135,9 +136,6 @@ class MemoryPlan:
         where = "same memory" if self.device == "cpu" else "host memory"
         rows.append(("frontier snapshots", self.frontier_states, f"{c.max_frontiers} x GDN state, {where}"))
         return rows
-
-
-VISION_PREFIX = "model.visual."
 
 
 def artifact_weights(manifest, device: str, vision: bool) -> int:
