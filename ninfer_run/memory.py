@@ -178,7 +178,7 @@ def largest_context(shape: ModelShape, weights: int, config: EngineConfig, capac
                     step: int = 4096, **kw) -> int:
     """The largest --max-context (a multiple of `step`, at most the model's own context) that fits in
     `capacity - margin`; 0 if none does."""
-    fixed = plan(shape, weights, _with(config, max_context=0), **kw)
+    fixed = plan(shape, weights, replace(config, max_context=0), **kw)
     room = capacity - margin - fixed.device_total
     fits = max(0, room // fixed.kv_per_token // step * step)
     return min(fits, shape.max_positions) if shape.max_positions else fits
@@ -200,18 +200,14 @@ def recommend(shape: ModelShape, weights: int, config: EngineConfig, capacity: i
         return Advice(ctx, config.max_concurrency, "the largest context that fits at this concurrency")
     best = None
     for c in range(1, 17):
-        ctx = largest_context(shape, weights, _with(config, max_concurrency=c), capacity, margin, **kw)
+        ctx = largest_context(shape, weights, replace(config, max_concurrency=c), capacity, margin, **kw)
         if ctx >= c * median_prompt and ctx > 0:
             best = Advice(ctx, c, f"{c} x median prompt {median_prompt:,} = {c * median_prompt:,} <= pool {ctx:,}")
     if best is None:
-        ctx = largest_context(shape, weights, _with(config, max_concurrency=1), capacity, margin, **kw)
+        ctx = largest_context(shape, weights, replace(config, max_concurrency=1), capacity, margin, **kw)
         return Advice(ctx, 1, f"even one median prompt ({median_prompt:,}) does not fit beside the weights"
                       if ctx < median_prompt else "one sequence")
     return best
-
-
-def _with(config: EngineConfig, **changes) -> EngineConfig:
-    return replace(config, **changes)
 
 
 def reuse_holds(config: EngineConfig, median_prompt: int) -> bool:
