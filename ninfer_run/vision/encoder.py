@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..layers import apply_rope
+
 PREFIX = "model.visual."
 ATTENTION_CHUNK = 1024  # queries per block of attention scores
 
@@ -95,13 +97,7 @@ class VisionTower:
         p = f"blocks.{i}.attn."
         q, k, v = F.linear(x, self._p(p + "qkv.weight"), self._p(p + "qkv.bias")).view(n, 3, heads, -1).unbind(1)
 
-        def rotate(t: torch.Tensor) -> torch.Tensor:
-            half = t.shape[-1] // 2
-            t32 = t.float()
-            rotated = torch.cat((-t32[..., half:], t32[..., :half]), dim=-1)
-            return (t32 * cos[:, None] + rotated * sin[:, None]).to(t.dtype)
-
-        q, k = rotate(q), rotate(k)
+        q, k = (apply_rope(t.float(), cos, sin).to(t.dtype) for t in (q, k))  # full-width RoPE, in float32
         outs = []
         for start in range(0, n, ATTENTION_CHUNK):  # bounded scores memory for large images
             scores = torch.einsum("qhd,khd->hqk", q[start : start + ATTENTION_CHUNK].float(), k.float())
