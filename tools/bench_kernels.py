@@ -10,7 +10,9 @@ random data. Then, on qwen3.8-27b's shapes:
     peer, torch.matmul with the same weight in bf16 (what transformers runs; 4x the bytes);
   - prefill at M = 8192: dequantize + cuBLAS vs the bf16 matmul peer and the FLOP ceiling;
   - paged INT8 attention decode at 8K / 32K / 100K context, 1 and 8 sequences: KV GB/s vs the copy
-    ceiling, and speed vs torch SDPA over the same KV in bf16.
+    ceiling, and speed vs torch SDPA over the same KV in bf16;
+  - Gated DeltaNet (fla-core) for one layer: the chunked prefill at 8K / 32K tokens vs transformers'
+    pure-torch chunked form, and the decode step vs the state-bytes roofline.
 Weights rotate over copies that outsize the L2, so timings are of HBM, not cache. Medians of
 triton.testing.do_bench. JSON + PNG to --out; a table of ratios last.
 """
@@ -31,7 +33,7 @@ if SMOKE and not torch.cuda.is_available():
 import triton  # noqa: E402
 
 from ninfer_pack.quant import quantize_int, quantize_nvfp4  # noqa: E402
-from ninfer_run.kernels import int_linear, nvfp4_linear  # noqa: E402
+from ninfer_run.kernels import gated_delta, int_linear, nvfp4_linear  # noqa: E402
 from ninfer_run.kernels.paged_attention import paged_attention  # noqa: E402
 from ninfer_run.kernels.paged_attention import reference as attention_reference  # noqa: E402
 from ninfer_run.kv.pool import BlockPool, KVLayout  # noqa: E402
@@ -169,6 +171,38 @@ def attention(device: str, dtype, heads, contexts, batches, ceil: dict, time_it:
     return rows
 
 
+def gdn(device: str, ceil: dict, time_it: bool) -> list[dict]:
+    """One qwen3.8-27b GDN layer (16 key heads, 48 value heads, 128 x 128)."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    hk, hv, d = 16, 48, 128
+    rows = []
+    for t in ((1, 8192, 32768) if time_it else (1, 40)):
+        q, k = (torch.randn(t, hk, d, device=device, dtype=torch.bfloat16) for _ in range(2))
+        v = torch.randn(t, hv, d, device=device, dtype=torch.bfloat16)
+        g = -torch.nn.functional.softplus(torch.randn(t, hv, device=device)) * 0.5
+        beta = torch.rand(t, hv, device=device)
+        state = torch.randn(hv, d, d, device=device) * 0.1
+        out, _, _ = gated_delta.gated_delta_rule(q, k, v, g, beta, state)
+        row = {"tokens": t, "fla": gated_delta.available(torch.device(device))}
+        if t <= 8192:
+            row["rel_err"] = _rel(out, gated_delta.reference(q, k, v, g, beta, state)[0])
+        if time_it:
+            row["ms"] = _bench(lambda: gated_delta.gated_delta_rule(q, k, v, g, beta, state))
+            if t == 1:
+                state_bytes = 2 * state.numel() * 4  # read and written once per token
+                row["of_roofline"] = state_bytes / (ceil["copy_GB_s"] * 1e6) / row["ms"]
+            else:
+                r = hv // hk
+                args = [x[None] for x in (q.repeat_interleave(r, 1), k.repeat_interleave(r, 1), v, g, beta)]
+                row["torch_chunk_peer_ms"] = _bench(lambda: torch_chunk_gated_delta_rule(
+                    *args, initial_state=state[None], output_final_state=True, use_qk_l2norm_in_kernel=True))
+                row["vs_peer"] = row["torch_chunk_peer_ms"] / row["ms"]
+                row["tok_s"] = t / row["ms"] * 1000
+        rows.append(row)
+    return rows
+
+
 def table(results: dict) -> str:
     lines = []
     c = results.get("ceilings")
@@ -189,6 +223,13 @@ def table(results: dict) -> str:
         extra = (f" {r['KV_GB_s']:.0f} GB/s = {r['of_roofline']:.0%} roofline, {r['vs_peer']:.2f}x bf16 SDPA"
                  if "ms" in r else f" rel err {r['rel_err']:.1e}")
         lines.append(f"attention ctx={r['context']:<6} C={r['batch']}{extra}")
+    for r in results.get("gdn", []):
+        err = f" rel err {r['rel_err']:.1e}" if "rel_err" in r else ""
+        if "of_roofline" in r:
+            err += f" {r['ms'] * 1000:.0f} us/layer = {r['of_roofline']:.0%} state roofline"
+        elif "ms" in r:
+            err += f" {r['ms']:.2f} ms/layer, {r['tok_s']:.0f} tok/s, {r['vs_peer']:.1f}x torch chunked"
+        lines.append(f"gdn T={r['tokens']:<6} fla={r['fla']}{err}")
     if "decode_linear_projection" in results:
         p = results["decode_linear_projection"]
         lines.append(f"decode C=1, all linears of a forward (NVFP4 GEMV): {p['ms']:.2f} ms -> "
@@ -213,6 +254,7 @@ def main() -> None:
     results["prefill"] = prefill(device, dtype, shapes, ceil, gpu, 8192 if gpu else 32)
     results["attention"] = attention(device, dtype, (24, 4, 256) if gpu else (12, 2, 64),
                                      (8192, 32768, 100_000) if gpu else (100,), (1, 8) if gpu else (2,), ceil, gpu)
+    results["gdn"] = gdn(device, ceil, gpu)
     if gpu:
         m1 = [r for r in results["decode_gemv"] if r["M"] == 1]
         ms = sum(r["nvfp4_ms"] * layers for r, (_, _, _, layers) in zip(m1, shapes))

@@ -1,8 +1,8 @@
 """Qwen3.5-style hybrid (Gated DeltaNet + gated full attention + MTP), pure-torch reference.
 
 Math as in shared/arch.md §4 and transformers' `modeling_qwen3_5.py` (the oracle): 3 GDN layers then
-one gated attention layer, repeated; zero-centred (1 + w) RMSNorms; partial NeoX RoPE; per-token
-recurrent delta rule (mathematically equal to the chunked prefill form).
+one gated attention layer, repeated; zero-centred (1 + w) RMSNorms; partial NeoX RoPE; the delta rule
+through kernels/gated_delta.py (fla-core on CUDA, the per-token reference loop elsewhere).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..kernels.gated_delta import gated_delta_rule
 from ..layers import apply_rope, gated_rms_norm, linear, rms_norm, rope_cos_sin, swiglu_mlp
 from ..state import SequenceState
 
@@ -60,10 +61,6 @@ def _mrope_section(rope: dict) -> tuple[int, ...] | None:
     return tuple(section) if section is not None else None
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
-
-
 class Model:
     """Weights are a name -> tensor dict (HF names); `forward` runs T new tokens of one sequence."""
 
@@ -88,28 +85,17 @@ class Model:
         history = state.conv.get(i, torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype, device=qkv.device))
         padded = torch.cat((history, qkv), dim=0)
         state.conv[i] = padded[-(k - 1):].clone()
-        weight = self._p(p + "conv1d.weight")[:, 0, :]  # [C, K]
-        conv = F.silu(torch.stack([(padded[j : j + k] * weight.T).sum(0) for j in range(t)]))
+        weight = self._p(p + "conv1d.weight")  # [C, 1, K], depthwise
+        conv = F.silu(F.conv1d(padded.T[None], weight.to(padded.dtype), groups=weight.shape[0])[0].T)
         q, kk, v = torch.split(conv, [c.k_heads * c.k_dim, c.k_heads * c.k_dim, c.v_heads * c.v_dim], dim=-1)
-        r = c.v_heads // c.k_heads
-        q = _l2norm(q.view(t, c.k_heads, c.k_dim).float()).repeat_interleave(r, 1) * c.k_dim**-0.5
-        kk = _l2norm(kk.view(t, c.k_heads, c.k_dim).float()).repeat_interleave(r, 1)
-        v = v.view(t, c.v_heads, c.v_dim).float()
         beta = b.sigmoid().float()
         g = -self._p(p + "A_log").float().exp() * F.softplus(a.float() + self._p(p + "dt_bias"))
         s = state.recurrent.get(i, torch.zeros(c.v_heads, c.k_dim, c.v_dim, device=x.device))
-        out = torch.empty(t, c.v_heads, c.v_dim, device=x.device)
-        steps = []
-        for j in range(t):
-            s = s * g[j].exp()[:, None, None]
-            delta = (v[j] - (s * kk[j][:, :, None]).sum(1)) * beta[j][:, None]
-            s = s + kk[j][:, :, None] * delta[:, None, :]
-            out[j] = (s * q[j][:, :, None]).sum(1)
-            if state.keep_steps:
-                steps.append((padded[j + 1 : j + k].clone(), s))
-        state.recurrent[i] = s
+        out, state.recurrent[i], states = gated_delta_rule(
+            q.view(t, c.k_heads, c.k_dim), kk.view(t, c.k_heads, c.k_dim), v.view(t, c.v_heads, c.v_dim), g, beta, s,
+            keep_steps=state.keep_steps)
         if state.keep_steps:
-            state.steps[i] = steps
+            state.steps[i] = [(padded[j + 1 : j + k].clone(), s_j) for j, s_j in enumerate(states)]
         o = gated_rms_norm(out.to(x.dtype), z, self._p(p + "norm.weight"), c.eps)
         return linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
 

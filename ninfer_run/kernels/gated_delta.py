@@ -1,0 +1,75 @@
+"""Gated DeltaNet recurrence: fla-core's Triton kernels on CUDA, the per-token torch loop as reference.
+
+Inputs as Qwen3.5's layer produces them after its causal conv: q/k [T, Hk, Dk] (raw: both are
+L2-normalised here and q scaled by Dk^-0.5, as transformers does), v [T, Hv, Dv], log-decay g and beta
+[T, Hv], state [Hv, Dk, Dv] float32. Value head h reads key head
+h // (Hv / Hk) (transformers' repeat_interleave; fla-core's "grouped value attention").
+
+fla-core (flash-linear-attention's kernels, what vLLM and SGLang run) gives the chunked prefill form
+and the fused recurrent decode step; it is optional (`pip install ninfer[gpu]`) and only used on CUDA.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def reference(q, k, v, g, beta, state, keep_steps: bool = False):
+    """-> (out [T, Hv, Dv] float32, final state, [state after each token] if keep_steps)."""
+    r = v.shape[1] // k.shape[1]
+    q = _l2norm(q.float()).repeat_interleave(r, 1) * q.shape[-1] ** -0.5
+    k = _l2norm(k.float()).repeat_interleave(r, 1)
+    v, g, beta = v.float(), g.float(), beta.float()
+    s = state
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    steps = []
+    for j in range(v.shape[0]):
+        s = s * g[j].exp()[:, None, None]
+        delta = (v[j] - (s * k[j][:, :, None]).sum(1)) * beta[j][:, None]
+        s = s + k[j][:, :, None] * delta[:, None, :]
+        out[j] = (s * q[j][:, :, None]).sum(1)
+        if keep_steps:
+            steps.append(s)
+    return out, s, steps
+
+
+@functools.cache
+def _fla():
+    """fla-core's two entry points, or None when it (or a CUDA device) is missing."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+
+def available(device: torch.device) -> bool:
+    return device.type == "cuda" and _fla() is not None
+
+
+def gated_delta_rule(q, k, v, g, beta, state, keep_steps: bool = False):
+    """Same contract as `reference`; fla-core's kernels when `available`, else the reference.
+
+    Prefill (T > 1, no per-token states wanted) takes the chunked kernel; decode and speculative
+    verify (keep_steps: a rollback needs the state after every token) take the recurrent one, a
+    token at a time in the verify case (T is the draft count + 1, a handful)."""
+    if not available(v.device):
+        return reference(q, k, v, g, beta, state, keep_steps)
+    chunk, recurrent = _fla()
+    args = [t[None].contiguous() for t in (q, k, v)] + [g[None].float().contiguous(), beta[None].float().contiguous()]
+    opts = dict(scale=q.shape[-1] ** -0.5, use_qk_l2norm_in_kernel=True, output_final_state=True)
+    if v.shape[0] > 1 and not keep_steps:
+        out, final = chunk(*args, initial_state=state[None], **opts)
+        return out[0].float(), final[0], []
+    outs, steps, s = [], [], state[None]
+    for j in range(v.shape[0]):
+        o, s = recurrent(*(a[:, j : j + 1] for a in args), initial_state=s, **opts)
+        outs.append(o[0])
+        steps.append(s[0])
+    return torch.cat(outs).float(), s[0], steps if keep_steps else []
