@@ -88,9 +88,10 @@ def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BL
              mask=(rn[:, None] < N) & (rk[None, :] < K))
 
 
-def _f32(scalar: torch.Tensor) -> torch.Tensor:
-    """The global scale as a 1-element f32 tensor on its device (read in the kernel: no host sync)."""
-    return scalar.reshape(1).to(torch.float32)
+def _f32(scalar: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The global scale as a 1-element f32 tensor on the kernel's device (read there: no host sync once
+    the weight lives on the device, as the loader puts it)."""
+    return scalar.reshape(1).to(device=device, dtype=torch.float32)
 
 
 def gemv(x: torch.Tensor, qweight, block_scale, global_scale, block_n: int = 64, block_k: int | None = None,
@@ -106,7 +107,7 @@ def gemv(x: torch.Tensor, qweight, block_scale, global_scale, block_n: int = 64,
     split = split_k(x, triton.cdiv(n, block_n), k // block_k, programs)
     y = (torch.zeros if split > 1 else torch.empty)(m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, block_n), split)
-    _gemv_kernel[grid](x, qweight, block_scale.view(torch.uint8), _f32(global_scale), y, m, n, k,
+    _gemv_kernel[grid](x, qweight, block_scale.view(torch.uint8), _f32(global_scale, x.device), y, m, n, k,
                        x.stride(0), y.stride(0), BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split)
     return y
 
@@ -117,6 +118,6 @@ def dequantize(qweight, block_scale, global_scale, out: torch.Tensor | None = No
     n, k = qweight.shape[0], qweight.shape[1] * 2
     w = out if out is not None else torch.empty(n, k, dtype=dtype, device=qweight.device)
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
-    _dequant_kernel[grid](qweight, block_scale.view(torch.uint8), _f32(global_scale), w, n, k,
+    _dequant_kernel[grid](qweight, block_scale.view(torch.uint8), _f32(global_scale, qweight.device), w, n, k,
                           BLOCK_N=block_n, BLOCK_K=block_k)
     return w
