@@ -62,14 +62,16 @@ def gated_delta_rule(q, k, v, g, beta, state, keep_steps: bool = False):
     if not available(v.device):
         return reference(q, k, v, g, beta, state, keep_steps)
     chunk, recurrent = _fla()
-    args = [t[None].contiguous() for t in (q, k, v)] + [g[None].float().contiguous(), beta[None].float().contiguous()]
+    names = ("q", "k", "v", "g", "beta")  # by name: the recurrent form takes gk/gv between g and beta
+    args = {n: t[None].contiguous() for n, t in zip(names, (q, k, v))}
+    args |= {n: t[None].float().contiguous() for n, t in zip(names[3:], (g, beta))}
     opts = dict(scale=q.shape[-1] ** -0.5, use_qk_l2norm_in_kernel=True, output_final_state=True)
     if v.shape[0] > 1 and not keep_steps:
-        out, final = chunk(*args, initial_state=state[None], **opts)
+        out, final = chunk(**args, initial_state=state[None], **opts)
         return out[0].float(), final[0], []
     outs, steps, s = [], [], state[None]
     for j in range(v.shape[0]):
-        o, s = recurrent(*(a[:, j : j + 1] for a in args), initial_state=s, **opts)
+        o, s = recurrent(**{n: a[:, j : j + 1] for n, a in args.items()}, initial_state=s, **opts)
         outs.append(o[0])
         steps.append(s[0])
     return torch.cat(outs).float(), s[0], steps if keep_steps else []

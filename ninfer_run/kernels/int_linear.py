@@ -54,20 +54,16 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_y
     for g in range(pid_k, groups, SPLIT_K):
         k0 = g * GROUP
         z = _zero_points(z_ptr, rn, g, N, groups, BITS, HAS_ZP)
-        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if BITS == 4:
+        if BITS == 4:  # unpack the group's words to [BLOCK_N, GROUP] in K order (element 8w + j at bits 4j)
             words = tl.load(q_ptr + rn[:, None] * (K // 8) + (k0 // 8 + tl.arange(0, GROUP // 8))[None, :],
                             mask=n_ok, other=0)
-            for j in tl.static_range(8):
-                w = (((words >> (4 * j)) & 15) - 8 - z[:, None]).to(x_ptr.dtype.element_ty)
-                x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + 8 * tl.arange(0, GROUP // 8) + j)[None, :],
-                            mask=m_ok, other=0)
-                part += tl.dot(x, tl.trans(w))
+            nibbles = (words[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]) & 15
+            codes = tl.reshape(nibbles, [BLOCK_N, GROUP]) - 8
         else:
             codes = tl.load(q_ptr + rn[:, None] * K + (k0 + tl.arange(0, GROUP))[None, :], mask=n_ok, other=0)
-            w = (codes.to(tl.int32) - z[:, None]).to(x_ptr.dtype.element_ty)
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + tl.arange(0, GROUP))[None, :], mask=m_ok, other=0)
-            part += tl.dot(x, tl.trans(w))
+        w = (codes.to(tl.int32) - z[:, None]).to(x_ptr.dtype.element_ty)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + tl.arange(0, GROUP))[None, :], mask=m_ok, other=0)
+        part = tl.dot(x, tl.trans(w))
         scale = tl.load(s_ptr + rn * groups + g, mask=rn < N, other=0).to(tl.float32)
         acc += part * scale[None, :]
     mask = m_ok & (rn[None, :] < N)

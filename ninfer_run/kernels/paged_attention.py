@@ -18,7 +18,7 @@ import triton.language as tl
 from ..kv.pool import BlockPool
 from ..layers import causal_attention
 
-_NEG = -1.0e30
+_NEG = tl.constexpr(-1.0e30)  # a global a jitted function reads must be constexpr
 
 
 def reference(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[list[int]], seq_lens: list[int]) -> torch.Tensor:

@@ -28,12 +28,12 @@ def test_nvfp4_cuda_equals_cpu(shape):
 @pytest.mark.parametrize("rows,k", [(1, 16), (7, 48), (300, 5120), (4096, 17408)])
 @pytest.mark.parametrize("std", [0.02, 30.0])
 def test_triton_slab_kernel_matches_torch_reference(rows, k, std):
-    from ninfer_pack.quant.nvfp4 import quantize_slab
+    from ninfer_pack.quant.nvfp4 import global_scale_of, quantize_slab
     from ninfer_pack.quant.nvfp4_triton import triton_slab
 
     w = (torch.randn(rows, k, device="cuda") * std).to(torch.bfloat16)
-    w[0, :16] = 0.0
-    s2 = (w.abs().amax().float() / 2688).reshape(())
+    w[0, :16] = 0.0  # an all-zero block (and, at 1 x 16, an all-zero tensor: s2 = 1 as the packer sets it)
+    s2 = global_scale_of([w]).cuda()
     ref_q, ref_s = quantize_slab(w, s2)
     poisoned = (torch.full_like(ref_q, 0xAA), torch.full_like(ref_s.view(torch.uint8), 0x7F).view(torch.float8_e4m3fn))
     got_q, got_s = triton_slab(w, s2, out=poisoned)  # every byte must be overwritten
@@ -43,7 +43,7 @@ def test_triton_slab_kernel_matches_torch_reference(rows, k, std):
 
 @pytest.mark.parametrize("rows,k", [(8, 128), (13, 256), (1000, 2048), (4096, 5120)])
 @pytest.mark.parametrize("bits,symmetric", [(4, True), (4, False), (8, True), (8, False)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16])  # float32 weights take the torch path (intgroup.py)
 def test_triton_int_kernel_matches_torch_reference(rows, k, bits, symmetric, dtype):
     from ninfer_pack.quant.int_triton import triton_int_slab
     from ninfer_pack.quant.intgroup import int_slab
@@ -57,8 +57,9 @@ def test_triton_int_kernel_matches_torch_reference(rows, k, bits, symmetric, dty
     for name, a, b in zip(("qweight", "scale", "zero_point"), ref, got):
         assert (a is None) == (b is None), name
         if a is not None:
-            assert torch.equal(a.view(torch.uint8) if a.dtype == torch.bfloat16 else a, b.view(torch.uint8)
-                               if b.dtype == torch.bfloat16 else b), name
+            a, b = (t.view(torch.uint8) if t.dtype == torch.bfloat16 else t for t in (a, b))
+            bad = (a != b).nonzero()
+            assert bad.numel() == 0, f"{name}: {bad.shape[0]} differ, first at {bad[0].tolist()}"
 
 
 @pytest.mark.parametrize("bits,symmetric", [(4, True), (4, False), (8, True), (8, False)])
