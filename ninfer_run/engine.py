@@ -219,7 +219,7 @@ class Engine:
             end = min([start + self.config.prefill_chunk] + [p for p in req.snapshot_at if start < p < len(req.prompt)])
             chunk = req.prompt[start:end]
             self._ensure_room(run, len(chunk))
-            hidden, logits = self.model.forward(torch.tensor(chunk), run.state)
+            hidden, logits = self.model.forward(torch.tensor(chunk), run.state, last_logits=True)
             run.done_prefill += len(chunk)
             if run.done_prefill in req.snapshot_at and run.done_prefill < len(req.prompt):
                 self.cache.snapshot(req.key[: run.done_prefill], run.state)
@@ -239,7 +239,7 @@ class Engine:
         last = run.result.tokens[-1]
         if run.drafter is None:
             self._ensure_room(run, 1)
-            _, logits = self.model.forward(torch.tensor([last]), run.state)
+            _, logits = self.model.forward(torch.tensor([last]), run.state, last_logits=True)
             self._emit(run, [sample(target_probs(logits[-1], req.params), run.generator)], fed=1)
             return
         n = min(self.config.draft_tokens, req.max_tokens - len(run.result.tokens))

@@ -57,8 +57,9 @@ class Model:
     def kv_layers(self) -> list[int]:
         return list(range(self.cfg.num_layers))
 
-    def forward(self, tokens: torch.Tensor, state: SequenceState) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`."""
+    def forward(self, tokens: torch.Tensor, state: SequenceState, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`.
+        `last_logits`: logits of the last token only ([1, V]; a prefill chunk needs no more)."""
         c, w = self.cfg, self.w
         x = F.embedding(tokens.to(w["model.embed_tokens.weight"].device), w["model.embed_tokens.weight"])
         for i in range(c.num_layers):
@@ -69,4 +70,4 @@ class Model:
         state.length += tokens.shape[0]
         state.last_forward = tokens.shape[0]
         hidden = rms_norm(x, w["model.norm.weight"], c.eps, 0.0)
-        return hidden, linear(hidden, w.get("lm_head.weight", w["model.embed_tokens.weight"]))
+        return hidden, linear(hidden[-1:] if last_logits else hidden, w.get("lm_head.weight", w["model.embed_tokens.weight"]))

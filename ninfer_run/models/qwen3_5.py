@@ -122,8 +122,9 @@ class Model:
         y = rms_norm(x, w("post_attention_layernorm.weight"), c.eps, 1.0)
         return x + swiglu_mlp(y, w("mlp.gate_proj.weight"), w("mlp.up_proj.weight"), w("mlp.down_proj.weight"))
 
-    def forward(self, tokens: torch.Tensor, state: SequenceState) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`."""
+    def forward(self, tokens: torch.Tensor, state: SequenceState, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`.
+        `last_logits`: logits of the last token only ([1, V]; a prefill chunk needs no more)."""
         c = self.cfg
         embed = self._p("embed_tokens.weight")
         x = F.embedding(tokens.to(embed.device), embed)
@@ -139,7 +140,7 @@ class Model:
         state.length += tokens.shape[0]
         state.last_forward = tokens.shape[0]
         hidden = rms_norm(x, self._p("norm.weight"), c.eps, 1.0)
-        return hidden, linear(hidden, self.lm_head)
+        return hidden, linear(hidden[-1:] if last_logits else hidden, self.lm_head)
 
     @property
     def has_mtp(self) -> bool:

@@ -59,12 +59,13 @@ class ScriptedModel:
     def __getattr__(self, name):
         return getattr(self._model, name)
 
-    def forward(self, tokens, state):
+    def forward(self, tokens, state, last_logits=False):
         start = state.length
-        hidden, logits = self._model.forward(tokens, state)
+        hidden, logits = self._model.forward(tokens, state, last_logits)
         logits = logits.clone()
+        first = tokens.shape[0] - logits.shape[0]  # the row of logits[0]
         for row in range(logits.shape[0]):
-            k = start + row + 1 - self.prompt_len
+            k = start + first + row + 1 - self.prompt_len
             if k >= 0:
                 logits[row] = -1e4
                 logits[row, self.script[k] if k < len(self.script) else self._end] = 1e4
