@@ -11,6 +11,8 @@ random data. Then, on qwen3.8-27b's shapes:
   - prefill at M = 8192: dequantize + cuBLAS vs the bf16 matmul peer and the FLOP ceiling;
   - paged INT8 attention decode at 8K / 32K / 100K context, 1 and 8 sequences: KV GB/s vs the copy
     ceiling, and speed vs torch SDPA over the same KV in bf16;
+  - paged attention for a prefill chunk of 8K queries at the end of 8K / 32K / 100K contexts: TFLOP/s
+    vs the ceiling, and vs SDPA (flash, bf16) on the square 8K case;
   - Gated DeltaNet (fla-core) for one layer: the chunked prefill at 8K / 32K tokens vs transformers'
     pure-torch chunked form, and the decode step vs the state-bytes roofline.
 Weights rotate over copies that outsize the L2, so timings are of HBM, not cache. Medians of
@@ -171,6 +173,41 @@ def attention(device: str, dtype, heads, contexts, batches, ceil: dict, time_it:
     return rows
 
 
+def prefill_attention(device: str, dtype, heads, cases, ceil: dict, time_it: bool) -> list[dict]:
+    """A prefill chunk of T queries at the end of an L-token context (causal), FLOPs vs the ceiling;
+    the peer is SDPA (flash) over the same context in bf16, square causal (T = L) cases only."""
+    hq, hkv, dim = heads
+    bs = 64
+    rows = []
+    for t, ctx in cases:
+        blocks = -(-ctx // bs)
+        pool = BlockPool(KVLayout(1, hkv, dim, bs, "int8"), blocks, device=device)
+        kv = torch.randn(ctx, hkv, dim, device=device)
+        pool.write(0, list(range(blocks)), 0, kv, kv.flip(0))
+        table = torch.arange(blocks, dtype=torch.int32, device=device)[None]
+        lens = torch.tensor([ctx], dtype=torch.int32, device=device)
+        q = torch.randn(1, t, hq, dim, device=device).to(dtype)
+        got = paged_attention(q, pool, 0, table, lens)
+        row = {"tokens": t, "context": ctx}
+        if t * ctx <= 8192 * 8192:
+            want = attention_reference(q.float(), pool, 0, table.tolist(), [ctx])
+            row["rel_err"] = _rel(got, want)
+        if time_it:
+            pairs = t * (ctx - t) + t * (t + 1) / 2
+            flops = 4 * hq * dim * pairs
+            row["ms"] = _bench(lambda: paged_attention(q, pool, 0, table, lens))
+            row["TFLOP_s"] = flops / row["ms"] / 1e9
+            row["of_flop_ceiling"] = row["TFLOP_s"] / ceil["bf16_TFLOP_s"]
+            if t == ctx:
+                kd = torch.randn(1, hq, ctx, dim, device=device, dtype=torch.bfloat16)
+                qd = q.transpose(1, 2).to(torch.bfloat16)
+                row["sdpa_peer_ms"] = _bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    qd, kd, kd, is_causal=True))
+                row["vs_peer"] = row["sdpa_peer_ms"] / row["ms"]
+        rows.append(row)
+    return rows
+
+
 def gdn(device: str, ceil: dict, time_it: bool) -> list[dict]:
     """One qwen3.8-27b GDN layer (16 key heads, 48 value heads, 128 x 128)."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
@@ -223,6 +260,12 @@ def table(results: dict) -> str:
         extra = (f" {r['KV_GB_s']:.0f} GB/s = {r['of_roofline']:.0%} roofline, {r['vs_peer']:.2f}x bf16 SDPA"
                  if "ms" in r else f" rel err {r['rel_err']:.1e}")
         lines.append(f"attention ctx={r['context']:<6} C={r['batch']}{extra}")
+    for r in results.get("prefill_attention", []):
+        err = f" rel err {r['rel_err']:.1e}" if "rel_err" in r else ""
+        if "ms" in r:
+            err += f" {r['ms']:.1f} ms, {r['TFLOP_s']:.0f} TFLOP/s = {r['of_flop_ceiling']:.0%} of ceiling"
+            err += f", {r['vs_peer']:.2f}x SDPA" if "vs_peer" in r else ""
+        lines.append(f"prefill attention T={r['tokens']} at ctx={r['context']}{err}")
     for r in results.get("gdn", []):
         err = f" rel err {r['rel_err']:.1e}" if "rel_err" in r else ""
         if "of_roofline" in r:
@@ -254,6 +297,9 @@ def main() -> None:
     results["prefill"] = prefill(device, dtype, shapes, ceil, gpu, 8192 if gpu else 32)
     results["attention"] = attention(device, dtype, (24, 4, 256) if gpu else (12, 2, 64),
                                      (8192, 32768, 100_000) if gpu else (100,), (1, 8) if gpu else (2,), ceil, gpu)
+    results["prefill_attention"] = prefill_attention(
+        device, dtype, (24, 4, 256) if gpu else (12, 2, 64), ((8192, 8192), (8192, 32768), (8192, 100_000)) if gpu
+        else ((40, 40), (24, 100)), ceil, gpu)
     results["gdn"] = gdn(device, ceil, gpu)
     if gpu:
         m1 = [r for r in results["decode_gemv"] if r["M"] == 1]

@@ -33,9 +33,9 @@ def reference(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[list[in
 
 @triton.jit
 def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_ptr, m_ptr, l_ptr,
-                    layer, num_blocks, max_blocks, q_len, sm_scale,
+                    layer, num_blocks, max_blocks, q_len, sm_scale, blocks_per_part,
                     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                    TOKENS: tl.constexpr, ROWS: tl.constexpr, BLOCKS_PER_PART: tl.constexpr):
+                    TOKENS: tl.constexpr, ROWS: tl.constexpr):
     pid_bq, h, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_blocks = tl.cdiv(q_len, TOKENS)
     b, qb = pid_bq // q_blocks, pid_bq % q_blocks
@@ -52,8 +52,10 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
     lsum = tl.zeros((ROWS,), tl.float32)
     acc = tl.zeros((ROWS, D), tl.float32)
     t = tl.arange(0, BS)
-    for j in range(BLOCKS_PER_PART):
-        index = part * BLOCKS_PER_PART + j
+    # this partition's blocks, up to the last one a query of this program can see (causal skip)
+    last_q = seq_len - q_len + tl.minimum(qb * TOKENS + TOKENS, q_len) - 1
+    first = part * blocks_per_part
+    for index in range(first, tl.minimum(first + blocks_per_part, last_q // BS + 1)):
         pos_k = index * BS + t
         live = pos_k < seq_len
         block = tl.load(table_ptr + b * max_blocks + index, mask=index < max_blocks, other=0)
@@ -94,8 +96,15 @@ def _merge_kernel(o_ptr, m_ptr, l_ptr, out_ptr, PARTS: tl.constexpr, P2: tl.cons
     tl.store(out_ptr + row * D + d, out)
 
 
+def _partitions(programs: int, max_blocks: int, min_blocks: int = 8, target_programs: int = 1024) -> int:
+    """Split each sequence's blocks over partitions (flash-decoding) only while there are too few
+    programs to fill the GPU: decode (one query block) gets many, a long prefill chunk one, so its
+    partial results stay the size of its output."""
+    return max(1, min(triton.cdiv(max_blocks, min_blocks), target_programs // programs))
+
+
 def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                    tokens_per_program: int | None = None, blocks_per_part: int = 8) -> torch.Tensor:
+                    tokens_per_program: int | None = None, parts: int | None = None) -> torch.Tensor:
     """q [B, q_len, Hq, D] (bf16/fp16) over an INT8 pool -> [B, q_len, Hq, D] float32.
     `block_tables` int32 [B, max_blocks] (padding entries any valid block), `seq_lens` int32 [B]."""
     if pool.layout.dtype != "int8":
@@ -106,15 +115,16 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: 
     tokens = tokens_per_program or max(1, min(q_len, 64 // group))
     rows = max(16, triton.next_power_of_2(tokens * group))
     max_blocks = block_tables.shape[1]
-    parts = triton.cdiv(max_blocks, blocks_per_part)
     q_blocks = triton.cdiv(q_len, tokens)
+    parts = parts or _partitions(bsz * q_blocks * hkv, max_blocks)
+    blocks_per_part = triton.cdiv(max_blocks, parts)
     o = torch.empty(bsz * q_len * hq * parts, dim, dtype=torch.float32, device=q.device)
     m = torch.empty(bsz * q_len * hq * parts, dtype=torch.float32, device=q.device)
     lsum = torch.empty_like(m)
     _partial_kernel[(bsz * q_blocks, hkv, parts)](
         q.contiguous(), pool.k, pool.v, pool.k_scale, pool.v_scale, block_tables, seq_lens, o, m, lsum,
-        layer, pool.num_blocks, max_blocks, q_len, dim ** -0.5, HQ=hq, HKV=hkv, D=dim, BS=bs, TOKENS=tokens,
-        ROWS=rows, BLOCKS_PER_PART=blocks_per_part)
+        layer, pool.num_blocks, max_blocks, q_len, dim ** -0.5, blocks_per_part, HQ=hq, HKV=hkv, D=dim, BS=bs,
+        TOKENS=tokens, ROWS=rows, num_warps=8 if dim >= 256 else 4)
     out = torch.empty(bsz * q_len * hq, dim, dtype=torch.float32, device=q.device)
     _merge_kernel[(bsz * q_len * hq,)](o, m, lsum, out, PARTS=parts, P2=triton.next_power_of_2(parts), D=dim)
     return out.view(bsz, q_len, hq, dim)

@@ -34,12 +34,14 @@ def _setup(lengths, seed, block_size=16):
     return pool, tables, padded.to(DEVICE), torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
 
 
-@pytest.mark.parametrize("lengths,q_len", [([1], 1), ([37, 200, 64], 1), ([50, 131], 4), ([300], 37)])
-def test_matches_reference(lengths, q_len):
+@pytest.mark.parametrize("lengths,q_len,parts", [([1], 1, None), ([37, 200, 64], 1, None), ([37, 200, 64], 1, 4),
+                                                 ([50, 131], 4, 3), ([300], 37, None), ([300], 37, 5), ([300], 150, 1)])
+def test_matches_reference(lengths, q_len, parts):
+    """parts: flash-decoding partitions (None: the kernel's own choice; 1: one pass, as long prefills)."""
     pool, tables, padded, lens = _setup(lengths, sum(lengths) + q_len)
     hq, _, dim = HEADS
     q = torch.randn(len(lengths), q_len, hq, dim, generator=torch.Generator().manual_seed(q_len))
-    got = paged_attention(q.to(DEVICE, DTYPE), pool, 1, padded, lens, blocks_per_part=4)
+    got = paged_attention(q.to(DEVICE, DTYPE), pool, 1, padded, lens, parts=parts)
     for name in ("k", "v", "k_scale", "v_scale"):
         setattr(pool, name, getattr(pool, name).cpu())
     want = reference(q.to(DTYPE).float(), pool, 1, tables, lengths)
