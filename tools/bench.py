@@ -1,0 +1,356 @@
+"""Whole-model benchmark on the GPU box (issue 6): qwen3.8-27b at full size, random weights.
+
+    python tools/bench.py [--out DIR] [--profiles nvfp4 int4] [--prefill 8192 32768 100000]
+    python tools/bench.py --smoke     # tiny-qwen3.5 on any machine: checks the script, times nothing useful
+
+The model is built in GPU memory from the registry's own tensor list (64 layers + the MTP head, the
+27B's shapes): random bf16 weights quantized on the GPU by the packer's quantizers, kept packed as
+`load(kernels=True)` keeps an artifact's weights (plain tensors in bf16, as the loader casts them).
+NVFP4 global scales are per tensor here (the packer shares one across fused q/k/v and gate/up; the
+kernels read either the same way). Everything then runs through the real engine (paged INT8 KV,
+chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
+  - prefill: TTFT of one 8K / 32K / 100K-token prompt; tok/s and model FLOP/s vs the bf16 ceiling;
+  - decode: aggregate tok/s at C = 1, 2, 4, 8 vs the weight-bandwidth roofline (bytes every token reads);
+  - MTP (--draft-tokens 3) at C = 1: at the real acceptance (random weights: near 0) and at a forced
+    one (each draft replaced by the target's own greedy token with probability 0.69, ~50% accepted);
+  - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory).
+Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
+attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
+difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
+so a run cut short keeps what it measured; PNG and a table of ratios last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from ninfer_format.rules import expand  # noqa: E402
+from ninfer_pack.quant import quantize_tensor  # noqa: E402
+from ninfer_registry import load as registry_entry  # noqa: E402
+from ninfer_registry import scheme_classes  # noqa: E402
+from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
+from ninfer_run.kernels import gated_delta  # noqa: E402
+from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
+from ninfer_run.memory import ModelShape, plan  # noqa: E402
+from ninfer_run.models import model_class  # noqa: E402
+from ninfer_run.sampling import SamplingParams  # noqa: E402
+
+from bench_common import write_results  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0)
+FORCED_P = 0.69  # p + p^2 + p^3 = 1.5: half of 3 drafts accepted on average
+
+
+# -- the model -----------------------------------------------------------------------------------
+def _random_weight(name: str, shape: tuple[int, ...], tensor_class: str, gen: torch.Generator, device) -> torch.Tensor:
+    """Values in the ranges trained checkpoints have, so activations stay finite over 64 layers."""
+    if name.endswith("A_log"):
+        return torch.rand(shape, generator=gen, device=device) * 2.7  # decay rates exp(A) in 1..15
+    if name.endswith("dt_bias"):
+        return torch.ones(shape, device=device)
+    noise = torch.randn(shape, generator=gen, device=device) * 0.02
+    if tensor_class == "norm":
+        return noise + (1.0 if "linear_attn.norm" in name else 0.0)  # plain-weight norm vs (1 + w) norms
+    return noise.to(torch.bfloat16)
+
+
+def build_model(model_id: str, profile: str, device: str, dtype: torch.dtype):
+    """(model, bytes each decoded token reads: every weight but the embedding table)."""
+    entry = registry_entry(model_id)
+    config = entry.expected_config()
+    classes = scheme_classes(entry, profile)
+    scratch = Scratch()
+    gen = torch.Generator(device=device).manual_seed(0)
+    weights, read_bytes = {}, 0
+    for t in expand(entry.resolved, config, tuple(p for p in entry.available_parts if p != "vision")).values():
+        w = _random_weight(t.name, t.shape, t.tensor_class, gen, device)
+        scheme = classes[t.tensor_class]
+        if scheme["kind"] != "plain" and len(t.shape) == 2:
+            parts = quantize_tensor(scheme, w, t.name)
+            weights[t.name] = QuantizedLinear(scheme, parts, t.shape, scratch)
+            nbytes = sum(p.numel() * p.element_size() for p in parts.values())
+        else:
+            weights[t.name] = w.to(dtype)
+            nbytes = weights[t.name].numel() * weights[t.name].element_size()
+        if "embed_tokens" not in t.name and not t.name.startswith("mtp."):
+            read_bytes += nbytes
+        del w
+    model = model_class(entry.resolved["family"])(config, entry.resolved, weights)
+    return model, read_bytes, entry, config
+
+
+def weight_bytes(model) -> int:
+    total = 0
+    for w in model.w.values():
+        tensors = w.parts.values() if isinstance(w, QuantizedLinear) else [w]
+        total += sum(t.numel() * t.element_size() for t in tensors)
+    return total
+
+
+# -- measurements through the engine ---------------------------------------------------------------
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _prompt(n: int, vocab: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, vocab, (n,), generator=g).tolist()
+
+
+def prefill(model, tokens: int, chunk: int, seed: int) -> dict:
+    engine = build_engine(model, EngineConfig(max_context=tokens + 64, prefill_chunk=chunk, max_frontiers=1))
+    result = engine.submit(Request(_prompt(tokens, model.cfg.vocab_size, seed), max_tokens=1, params=GREEDY))
+    engine.run_until_done()
+    _sync()
+    ttft = result.first_token - result.admitted
+    del engine
+    gc.collect()
+    return {"tokens": tokens, "chunk": chunk, "ttft_s": ttft, "tok_s": tokens / ttft}
+
+
+def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: int = 0,
+           oracle: list[list[int]] | None = None, seed: int = 0) -> tuple[dict, list[list[int]]]:
+    """Aggregate decode tok/s once every sequence has its first token; with `oracle` (each prompt's
+    greedy output) drafts are replaced by the right token with probability FORCED_P."""
+    config = EngineConfig(max_context=concurrency * (prompt + new_tokens + 64), max_concurrency=concurrency,
+                          prefill_chunk=4096, draft_tokens=draft_tokens, max_frontiers=1)
+    engine = build_engine(model, config)
+    results = [engine.submit(Request(_prompt(prompt, model.cfg.vocab_size, seed + i), max_tokens=new_tokens,
+                                     params=GREEDY)) for i in range(concurrency)]
+    engine.step()  # admission + the whole prompt (one chunk) + the first token of every sequence
+    if oracle is not None:
+        rng = random.Random(seed)
+        for run, want in zip(engine.running, oracle):
+            _force_drafts(run, want, rng, model.cfg.vocab_size)
+    _sync()
+    start_tokens, t0 = sum(len(r.tokens) for r in results), time.perf_counter()
+    engine.run_until_done()
+    _sync()
+    seconds = time.perf_counter() - t0
+    made = sum(len(r.tokens) for r in results) - start_tokens
+    drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+    row = {"concurrency": concurrency, "draft_tokens": draft_tokens, "forced": oracle is not None,
+           "tokens": made, "seconds": seconds, "tok_s": made / seconds,
+           "acceptance": accepted / drafted if drafted else None}
+    outputs = [r.tokens for r in results]
+    del engine
+    gc.collect()
+    return row, outputs
+
+
+def _force_drafts(run, want: list[int], rng: random.Random, vocab: int) -> None:
+    """The head still runs (its cost is real); its proposals are then swapped for the target's own
+    greedy tokens with probability FORCED_P, else for a token the target will not pick."""
+    propose = run.drafter.propose
+
+    def forced(n: int) -> list[int]:
+        drafts = propose(n)
+        at = len(run.result.tokens)
+        out = []
+        for i, d in enumerate(drafts):
+            right = want[at + i] if at + i < len(want) else d
+            out.append(right if rng.random() < FORCED_P else (right + 1) % vocab)
+        return out
+
+    run.drafter.propose = forced
+
+
+def kv_capacity(model, entry, config, weights: int, device: str) -> dict:
+    shape = ModelShape.from_config(entry.resolved["family"], config, entry.resolved)
+    fixed = plan(shape, weights, EngineConfig(max_context=0), device)
+    free = torch.cuda.mem_get_info()[0] if device == "cuda" else 0
+    total = torch.cuda.mem_get_info()[1] if device == "cuda" else 0
+    return {"kv_bytes_per_token": fixed.kv_per_token, "weights_bytes": weights,
+            "planner_tokens_C1": max(0, (total - fixed.device_total) // fixed.kv_per_token) if total else None,
+            "free_now_tokens": free // fixed.kv_per_token if free else None,
+            "sequences_of_100k": (total - fixed.device_total) // fixed.kv_per_token // 100_000 if total else None}
+
+
+# -- the transformers peer ---------------------------------------------------------------------------
+def transformers_peer(config: dict, layer_pattern: list[str], layers: int, prefill_tokens: int, new_tokens: int,
+                      device: str) -> dict:
+    import transformers
+
+    text = {k: v for k, v in config["text_config"].items() if k != "model_type"}
+    text.update(num_hidden_layers=layers, layer_types=[layer_pattern[i % len(layer_pattern)] for i in range(layers)])
+    cfg = transformers.Qwen3_5TextConfig(**text)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = transformers.Qwen3_5ForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(default)
+    ids = torch.tensor([_prompt(prefill_tokens, cfg.vocab_size, 1)], device=device)
+    with torch.no_grad():
+        model(ids[:, :256], logits_to_keep=1)  # warm-up (kernel compilation)
+        _sync()
+        t0 = time.perf_counter()
+        out = model(ids, use_cache=True, logits_to_keep=1)
+        _sync()
+        prefill_s = time.perf_counter() - t0
+        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        out = model(token, past_key_values=cache, use_cache=True)  # warm-up step
+        token = out.logits[:, -1:].argmax(-1)
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(new_tokens):
+            out = model(token, past_key_values=out.past_key_values, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+        _sync()
+        step_s = (time.perf_counter() - t0) / new_tokens
+    del model, cache, out
+    gc.collect()
+    torch.cuda.empty_cache() if device == "cuda" else None
+    return {"layers": layers, "prefill_tokens": prefill_tokens, "prefill_s": prefill_s, "decode_step_s": step_s}
+
+
+def extrapolate(a: dict, b: dict, layers: int) -> dict:
+    """Time at `layers` from two measured depths: the fixed part (embedding, lm_head) plus per-layer cost."""
+    def at(key):
+        per_layer = (b[key] - a[key]) / (b["layers"] - a["layers"])
+        return a[key] + per_layer * (layers - a["layers"])
+    return {"layers": layers, "prefill_s": at("prefill_s"), "decode_step_s": at("decode_step_s")}
+
+
+# -- the run ----------------------------------------------------------------------------------------
+def model_flops_per_token(model) -> int:
+    """2 x the multiply-adds of every linear a token goes through (attention over context excluded)."""
+    total = 0
+    for name, w in model.w.items():
+        if name.startswith("mtp.") or "embed_tokens" in name or name.endswith("lm_head.weight"):
+            continue
+        shape = w.shape if isinstance(w, QuantizedLinear) else tuple(w.shape)
+        if len(shape) == 2:
+            total += 2 * shape[0] * shape[1]
+    return total
+
+
+def table(r: dict) -> str:
+    c = r.get("ceilings", {})
+    lines = [f"ceilings: copy {c.get('copy_GB_s', 0):.0f} GB/s, bf16 matmul {c.get('bf16_TFLOP_s', 0):.0f} TFLOP/s"]
+    peer = r.get("transformers_64_layers")
+    for profile, p in r.get("profiles", {}).items():
+        lines.append(f"[{profile}] weights {p['weights_GiB']:.2f} GiB, a decoded token reads {p['read_GiB']:.2f} GiB "
+                     f"-> roofline {p['roofline_tok_s']:.0f} tok/s")
+        for row in p.get("prefill", []):
+            vs = f", {peer['prefill_s'] / row['ttft_s']:.2f}x transformers" if peer and row["tokens"] == peer.get(
+                "prefill_tokens") else ""
+            lines.append(f"  prefill {row['tokens']:>6}: TTFT {row['ttft_s']:6.2f} s, {row['tok_s']:7.0f} tok/s, "
+                         f"linears at {row['of_flop_ceiling']:.0%} of the FLOP ceiling{vs}")
+        for row in p.get("decode", []):
+            mtp = f" MTP{row['draft_tokens']}{' forced' if row['forced'] else ''}" if row["draft_tokens"] else ""
+            acc = f" accept {row['acceptance']:.0%}" if row["acceptance"] is not None else ""
+            vs = f", {row['tok_s'] * peer['decode_step_s']:.2f}x transformers C=1" if peer else ""
+            lines.append(f"  decode C={row['concurrency']}{mtp}: {row['tok_s']:7.1f} tok/s "
+                         f"({row['of_roofline']:.0%} of roofline{acc}){vs}")
+        kv = p.get("kv_capacity")
+        if kv and kv.get("planner_tokens_C1"):
+            lines.append(f"  KV: {kv['kv_bytes_per_token']} B/token; {kv['planner_tokens_C1']:,} tokens fit beside the "
+                         f"weights ({kv['sequences_of_100k']} sequences of 100K)")
+    if peer:
+        lines.append(f"transformers bf16, 64 layers (extrapolated): prefill {peer['prefill_tokens']} in "
+                     f"{peer['prefill_s']:.2f} s, decode {1 / peer['decode_step_s']:.1f} tok/s")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/bench")))
+    parser.add_argument("--profiles", nargs="+", default=["nvfp4", "int4"])
+    parser.add_argument("--prefill", nargs="+", type=int, default=[8192, 32768, 100_000])
+    parser.add_argument("--chunk", type=int, default=8192, help="prefill chunk (tokens)")
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    gpu = torch.cuda.is_available() and not args.smoke
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model_id = "qwen3.8-27b" if gpu else "tiny-qwen3.5"
+    if not gpu:
+        args.prefill, args.chunk, args.concurrency, args.new_tokens = [64], 32, [1, 2], 4
+    if gpu and not gated_delta.available(torch.device(device)):
+        raise SystemExit("fla-core is missing: the Gated DeltaNet reference loop would take hours at these lengths")
+    results: dict = {"model": model_id, "chunk": args.chunk, "profiles": {}}
+    name = "bench_h200" if gpu else "bench_smoke"
+
+    def save():
+        write_results(args.out, name, results)
+
+    if gpu:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from bench_kernels import ceilings
+
+        results["ceilings"] = ceilings()
+    ceil = results.get("ceilings", {"copy_GB_s": float("nan"), "bf16_TFLOP_s": float("nan")})
+    for n, profile in enumerate(args.profiles):
+        t0 = time.perf_counter()
+        model, read_bytes, entry, config = build_model(model_id, profile, device, dtype)
+        weights = weight_bytes(model)
+        p = results["profiles"][profile] = {
+            "build_s": time.perf_counter() - t0, "weights_GiB": weights / 2**30, "read_GiB": read_bytes / 2**30,
+            "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / read_bytes, "prefill": [], "decode": []}
+        p["kv_capacity"] = kv_capacity(model, entry, config, weights, device)
+        save()
+        flops = model_flops_per_token(model)
+        prefill(model, min(2 * args.chunk, args.prefill[0]), args.chunk, seed=99)  # warm-up: compiles every kernel
+        for tokens in args.prefill if n == 0 else args.prefill[:2]:
+            row = prefill(model, tokens, args.chunk, seed=tokens)
+            row["of_flop_ceiling"] = flops * row["tok_s"] / (ceil["bf16_TFLOP_s"] * 1e12)
+            p["prefill"].append(row)
+            save()
+            print(f"[{profile}] prefill {tokens}: {row['ttft_s']:.2f} s", flush=True)
+        decode(model, 1, 4, 128)  # warm-up
+        oracle = None
+        for c in args.concurrency if n == 0 else [1]:
+            row, outputs = decode(model, c, args.new_tokens, 512)
+            oracle = outputs if c == 1 else oracle
+            p["decode"].append(row)
+            save()
+            print(f"[{profile}] decode C={c}: {row['tok_s']:.1f} tok/s", flush=True)
+        if model.has_mtp and n == 0:
+            for forced in (False, True):
+                row, _ = decode(model, 1, args.new_tokens, 512, draft_tokens=3, oracle=oracle if forced else None)
+                p["decode"].append(row)
+                save()
+                print(f"[{profile}] decode MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
+                      f"accept {row['acceptance']}", flush=True)
+        for row in p["decode"]:
+            row["of_roofline"] = row["tok_s"] / p["roofline_tok_s"]
+        save()
+        del model
+        gc.collect()
+        if gpu:
+            torch.cuda.empty_cache()
+    if gpu:
+        entry = registry_entry(model_id)
+        config = entry.expected_config()
+        depth = [transformers_peer(config, entry.resolved["layer_pattern"], layers, args.prefill[0], args.new_tokens,
+                                   device) for layers in (4, 8)]
+        results["transformers"] = depth
+        results["transformers_64_layers"] = {**extrapolate(*depth, 64), "prefill_tokens": args.prefill[0]}
+    bars = {}
+    for profile, p in results["profiles"].items():
+        for row in p["decode"]:
+            label = f"{profile} C={row['concurrency']}" + (f" MTP{'f' if row['forced'] else ''}" if row["draft_tokens"] else "")
+            bars[label] = row["tok_s"]
+    write_results(args.out, name, results, bars=bars, ylabel="decode tok/s (aggregate)")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
