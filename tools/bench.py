@@ -339,10 +339,14 @@ def main() -> None:
     if gpu:
         entry = registry_entry(model_id)
         config = entry.expected_config()
-        depth = [transformers_peer(config, entry.resolved["layer_pattern"], layers, args.prefill[0], args.new_tokens,
-                                   device) for layers in (4, 8)]
-        results["transformers"] = depth
-        results["transformers_64_layers"] = {**extrapolate(*depth, 64), "prefill_tokens": args.prefill[0]}
+        try:
+            depth = [transformers_peer(config, entry.resolved["layer_pattern"], layers, args.prefill[0],
+                                       args.new_tokens, device) for layers in (4, 8)]
+            results["transformers"] = depth
+            results["transformers_64_layers"] = {**extrapolate(*depth, 64), "prefill_tokens": args.prefill[0]}
+        except Exception as e:  # noqa: BLE001 - the peer's failure must not take our figures with it
+            results["transformers_error"] = repr(e)
+            print(f"transformers peer failed: {e!r}", flush=True)
     bars = {}
     for profile, p in results["profiles"].items():
         for row in p["decode"]:
