@@ -35,6 +35,9 @@ class DenseKV:
         self._kv.clear()
 
 
+DENSE_PREFILL_ROWS = 64  # longer chunks: KV decoded once, then flash attention (kernels/paged_attention.py)
+
+
 class PagedKV:
     """KV in the shared block pool; `layers` maps a model layer key to its pool layer."""
 
@@ -59,13 +62,16 @@ class PagedKV:
 
     def attend(self, layer: int, start: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store k/v at positions start.. and return causal attention of q [T, Hq, D] over the sequence.
-        On a CUDA INT8 pool the Triton kernel reads the blocks in place (kernels/paged_attention.py)."""
+        On a CUDA INT8 pool the Triton kernel reads the blocks in place (kernels/paged_attention.py);
+        chunks of more than DENSE_PREFILL_ROWS queries take the dense flash path instead."""
         if not self.kernel:
             keys, values = self.append(layer, start, k, v)
             return causal_attention(q, keys, values, q_offset=start)
-        from .kernels.paged_attention import paged_attention
+        from .kernels.paged_attention import dense_prefill, paged_attention
 
         end = self._write(layer, start, k, v)
+        if q.shape[0] > DENSE_PREFILL_ROWS:
+            return dense_prefill(q, self.pool, self.layers[layer], self.blocks, end)
         table = torch.tensor([self.blocks], dtype=torch.int32, device=q.device)
         lens = torch.tensor([end], dtype=torch.int32, device=q.device)
         return paged_attention(q[None], self.pool, self.layers[layer], table, lens)[0].to(q.dtype)

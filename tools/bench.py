@@ -12,7 +12,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - prefill: TTFT of one 8K / 32K / 100K-token prompt; tok/s and model FLOP/s vs the bf16 ceiling;
   - decode: aggregate tok/s at C = 1, 2, 4, 8 vs the weight-bandwidth roofline (bytes every token reads);
   - MTP (--draft-tokens 3) at C = 1: at the real acceptance (random weights: near 0) and at a forced
-    one (each draft replaced by the target's own greedy token with probability 0.69, ~50% accepted);
+    one (each draft made the target's argmax with probability 0.69: ~50% of drafts accepted);
+  - a torch.profiler table of 8 decode steps (decode_profile.txt): where a token's time goes;
   - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
@@ -121,51 +122,59 @@ def prefill(model, tokens: int, chunk: int, seed: int) -> dict:
     return {"tokens": tokens, "chunk": chunk, "ttft_s": ttft, "tok_s": tokens / ttft}
 
 
-def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: int = 0,
-           oracle: list[list[int]] | None = None, seed: int = 0) -> tuple[dict, list[list[int]]]:
-    """Aggregate decode tok/s once every sequence has its first token; with `oracle` (each prompt's
-    greedy output) drafts are replaced by the right token with probability FORCED_P."""
+def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: int = 0, forced: bool = False,
+           seed: int = 0, profile_to: Path | None = None) -> dict:
+    """Aggregate decode tok/s once every sequence has its first token; `forced`: see ForcedAcceptance.
+    `profile_to`: also write torch.profiler's top ops of the timed steps there."""
+    model = ForcedAcceptance(model, draft_tokens, seed) if forced else model
     config = EngineConfig(max_context=concurrency * (prompt + new_tokens + 64), max_concurrency=concurrency,
                           prefill_chunk=4096, draft_tokens=draft_tokens, max_frontiers=1)
     engine = build_engine(model, config)
     results = [engine.submit(Request(_prompt(prompt, model.cfg.vocab_size, seed + i), max_tokens=new_tokens,
                                      params=GREEDY)) for i in range(concurrency)]
     engine.step()  # admission + the whole prompt (one chunk) + the first token of every sequence
-    if oracle is not None:
-        rng = random.Random(seed)
-        for run, want in zip(engine.running, oracle):
-            _force_drafts(run, want, rng, model.cfg.vocab_size)
     _sync()
     start_tokens, t0 = sum(len(r.tokens) for r in results), time.perf_counter()
-    engine.run_until_done()
+    if profile_to is None:
+        engine.run_until_done()
+    else:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            engine.run_until_done()
     _sync()
     seconds = time.perf_counter() - t0
+    if profile_to is not None:
+        ops = prof.key_averages()
+        profile_to.write_text(ops.table(sort_by="self_cuda_time_total", row_limit=25) + "\n"
+                              + ops.table(sort_by="self_cpu_time_total", row_limit=25))
     made = sum(len(r.tokens) for r in results) - start_tokens
     drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
-    row = {"concurrency": concurrency, "draft_tokens": draft_tokens, "forced": oracle is not None,
+    row = {"concurrency": concurrency, "draft_tokens": draft_tokens, "forced": forced,
            "tokens": made, "seconds": seconds, "tok_s": made / seconds,
            "acceptance": accepted / drafted if drafted else None}
-    outputs = [r.tokens for r in results]
     del engine
     gc.collect()
-    return row, outputs
+    return row
 
 
-def _force_drafts(run, want: list[int], rng: random.Random, vocab: int) -> None:
-    """The head still runs (its cost is real); its proposals are then swapped for the target's own
-    greedy tokens with probability FORCED_P, else for a token the target will not pick."""
-    propose = run.drafter.propose
+class ForcedAcceptance:
+    """The model, except that in a verify forward (2..draft+1 tokens: the last token and its drafts)
+    draft j is made the target's argmax with probability FORCED_P, so greedy acceptance happens at a
+    known rate whatever the random weights predict. The head and the target still do all their work."""
 
-    def forced(n: int) -> list[int]:
-        drafts = propose(n)
-        at = len(run.result.tokens)
-        out = []
-        for i, d in enumerate(drafts):
-            right = want[at + i] if at + i < len(want) else d
-            out.append(right if rng.random() < FORCED_P else (right + 1) % vocab)
-        return out
+    def __init__(self, model, draft_tokens: int, seed: int):
+        self._model, self._max_rows, self._rng = model, draft_tokens + 1, random.Random(seed)
 
-    run.drafter.propose = forced
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def forward(self, tokens, state, last_logits: bool = False):
+        hidden, logits = self._model.forward(tokens, state, last_logits)
+        if 1 < tokens.shape[0] <= self._max_rows and not last_logits:
+            for j, draft in enumerate(tokens[1:].tolist()):
+                if self._rng.random() < FORCED_P:
+                    logits[j, draft] = logits[j].max() + 1.0
+        return hidden, logits
 
 
 def kv_capacity(model, entry, config, weights: int, device: str) -> dict:
@@ -196,14 +205,16 @@ def transformers_peer(config: dict, layer_pattern: list[str], layers: int, prefi
         torch.set_default_dtype(default)
     ids = torch.tensor([_prompt(prefill_tokens, cfg.vocab_size, 1)], device=device)
     with torch.no_grad():
-        model(ids[:, :256], logits_to_keep=1)  # warm-up (kernel compilation)
+        model(ids, logits_to_keep=1)  # warm-up at the timed length: compilation and fla's autotuning
         _sync()
         t0 = time.perf_counter()
         out = model(ids, use_cache=True, logits_to_keep=1)
         _sync()
         prefill_s = time.perf_counter() - t0
         cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        out = model(token, past_key_values=cache, use_cache=True)  # warm-up step
+        out = model(token, past_key_values=cache, use_cache=True)  # warm-up steps
+        for _ in range(3):
+            out = model(token, past_key_values=out.past_key_values, use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
         _sync()
         t0 = time.perf_counter()
@@ -315,20 +326,20 @@ def main() -> None:
             save()
             print(f"[{profile}] prefill {tokens}: {row['ttft_s']:.2f} s", flush=True)
         decode(model, 1, 4, 128)  # warm-up
-        oracle = None
         for c in args.concurrency if n == 0 else [1]:
-            row, outputs = decode(model, c, args.new_tokens, 512)
-            oracle = outputs if c == 1 else oracle
+            row = decode(model, c, args.new_tokens, 512)
             p["decode"].append(row)
             save()
             print(f"[{profile}] decode C={c}: {row['tok_s']:.1f} tok/s", flush=True)
         if model.has_mtp and n == 0:
             for forced in (False, True):
-                row, _ = decode(model, 1, args.new_tokens, 512, draft_tokens=3, oracle=oracle if forced else None)
+                row = decode(model, 1, args.new_tokens, 512, draft_tokens=3, forced=forced)
                 p["decode"].append(row)
                 save()
                 print(f"[{profile}] decode MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
                       f"accept {row['acceptance']}", flush=True)
+        if n == 0:
+            decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
         for row in p["decode"]:
             row["of_roofline"] = row["tok_s"] / p["roofline_tok_s"]
         save()

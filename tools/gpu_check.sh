@@ -7,6 +7,7 @@
 #   kernels tools/bench_kernels.py: each kernel vs the roofline and its bf16 peer
 #   bench   tools/bench.py: the full-size qwen3.8-27b through the engine vs transformers
 # Logs and JSON/PNG land in $OUT.       bash tools/gpu_check.sh [bench] [tests] [quant] [kernels]
+# Stage limits (seconds) can be set: TESTS_S, QUANT_S, KERNELS_S, BENCH_S.
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -16,15 +17,15 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > /tmp/install.log 2>&1 || { cat /tmp/install.log; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv
 for stage in $stages; do
     case $stage in
-        tests) timeout 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --ignore=tests/server 2>&1 \
+        tests) timeout ${TESTS_S:-300} python3 -m pytest -m gpu -q -rs -p no:cacheprovider --ignore=tests/server 2>&1 \
                    | tee "$OUT/pytest_gpu.log" | grep -E "^(FAILED|ERROR)|passed|failed" ;;
-        quant) timeout 120 python3 tools/bench_quant.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_quant.log" ;;
-        kernels) timeout 300 python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
-        bench) timeout 420 python3 tools/bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v Warning ;;
+        quant) timeout ${QUANT_S:-120} python3 tools/bench_quant.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_quant.log" ;;
+        kernels) timeout ${KERNELS_S:-300} python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
+        bench) timeout ${BENCH_S:-420} python3 tools/bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v Warning ;;
         *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
 done

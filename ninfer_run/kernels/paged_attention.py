@@ -31,6 +31,22 @@ def reference(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[list[in
     return torch.stack(out)
 
 
+def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int], length: int) -> torch.Tensor:
+    """A long prefill chunk q [T, Hq, D] at the end of a `length`-token sequence -> [T, Hq, D] in q's dtype.
+
+    Compute-bound, so the sequence's KV is decoded to q's dtype once (a few ms at 100K tokens) and
+    flash attention runs on it through SDPA: bottom-right causal mask (query i sits at length - T + i)
+    and GQA without copying heads. The paged kernel's per-block dequantization made the same work
+    ~20 TFLOP/s on the H200 (tools/bench_kernels.py); decode and verify (few rows) keep the kernel."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    k, v = pool.read(layer, blocks, length, q.dtype)
+    qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=causal_lower_right(q.shape[0], length), enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
 @triton.jit
 def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_ptr, m_ptr, l_ptr,
                     layer, num_blocks, max_blocks, q_len, sm_scale, blocks_per_part,

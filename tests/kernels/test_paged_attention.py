@@ -47,3 +47,19 @@ def test_matches_reference(lengths, q_len, parts):
     want = reference(q.to(DTYPE).float(), pool, 1, tables, lengths)
     err = float((got.cpu() - want).norm() / want.norm())
     assert not torch.isnan(got).any() and err < (1e-2 if DTYPE == torch.bfloat16 else 2e-3), err
+
+
+@pytest.mark.parametrize("length,q_len", [(300, 100), (256, 256), (700, 65)])
+def test_dense_prefill_matches_reference(length, q_len):
+    """The long-chunk path (KV decoded once, SDPA with a bottom-right causal mask, GQA)."""
+    from ninfer_run.kernels.paged_attention import dense_prefill
+
+    pool, tables, _, _ = _setup([length], length + q_len)
+    hq, _, dim = HEADS
+    q = torch.randn(q_len, hq, dim, generator=torch.Generator().manual_seed(length)).to(DEVICE, DTYPE)
+    got = dense_prefill(q, pool, 1, tables[0], length).float().cpu()
+    for name in ("k", "v", "k_scale", "v_scale"):
+        setattr(pool, name, getattr(pool, name).cpu())
+    want = reference(q[None].float().cpu(), pool, 1, tables, [length])[0]
+    err = float((got - want).norm() / want.norm())
+    assert err < (1e-2 if DTYPE == torch.bfloat16 else 2e-3), err
