@@ -332,6 +332,7 @@ def main() -> None:
             save()
             print(f"[{profile}] decode C={c}: {row['tok_s']:.1f} tok/s", flush=True)
         if model.has_mtp and n == 0:
+            decode(model, 1, 8, 128, draft_tokens=3)  # warm-up: verify (M = 4) and head kernels compile here
             for forced in (False, True):
                 row = decode(model, 1, args.new_tokens, 512, draft_tokens=3, forced=forced)
                 p["decode"].append(row)
