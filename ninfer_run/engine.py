@@ -2,8 +2,8 @@
 
 One `step()` admits waiting requests (up to --max-concurrency, expiring those that waited longer
 than --pending-timeout-ms), then advances every running sequence by one prefill chunk or one
-decode token. On the reference path sequences run one after another inside a step (no batched
-kernels yet); the scheduling, memory accounting and per-request results are the real ones.
+decode token. Sequences in plain decode share one batched forward per step (`decode_batch`: the
+weights are read once for all of them); prefill chunks and speculative steps run per sequence.
 Finished sequences leave a prefix-cache frontier. Cancellation frees a sequence's blocks at once.
 """
 
@@ -112,6 +112,7 @@ class EngineConfig:
     kv_dtype: str = "int8"  # int8 (group-64) | bf16
     block_size: int = 64  # KV pool block, tokens
     max_frontiers: int = 32  # prefix-cache frontiers kept (each holds a GDN state snapshot)
+    batched_decode: bool = True  # sequences in plain decode share one forward per step (weights read once)
 
 
 def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
@@ -270,14 +271,43 @@ class Engine:
                 return
         self._notify(res)
 
+    def _plain_decode(self, run: _Running) -> bool:
+        """Past its prompt and first token, without speculative decoding: it can join a batched forward."""
+        return run.drafter is None and run.result.first_token is not None
+
+    def _decode_batch(self, runs: list[_Running]) -> None:
+        """One forward for the next token of every run (each attends over its own KV and state)."""
+        ready = []
+        for run in runs:
+            try:
+                self._ensure_room(run, 1)
+                ready.append(run)
+            except PoolExhausted as e:
+                self._fail(run, e)
+        if not ready:
+            return
+        logits = self.model.decode_batch(torch.tensor([run.result.tokens[-1] for run in ready]),
+                                         [run.state for run in ready])
+        for run, row in zip(ready, logits):
+            self._emit(run, [sample(target_probs(row, run.request.params), run.generator)], fed=1)
+
+    def _fail(self, run: _Running, error: Exception) -> None:
+        run.result.error = str(error)
+        self._retire(run, "error", keep_frontier=False)
+
     def step(self) -> None:
         self._admit()
+        batch = [run for run in self.running if self._plain_decode(run)] if self.config.batched_decode else []
+        if len(batch) > 1:
+            self._decode_batch(batch)
+        done = {id(run) for run in batch} if len(batch) > 1 else set()
         for run in list(self.running):
+            if id(run) in done:
+                continue
             try:
                 self._advance(run)
             except PoolExhausted as e:
-                run.result.error = str(e)
-                self._retire(run, "error", keep_frontier=False)
+                self._fail(run, e)
 
     def run_until_done(self, max_steps: int = 1_000_000) -> None:
         for _ in range(max_steps):

@@ -123,3 +123,33 @@ class SequenceState:
         for layer, steps in self.steps.items():
             self.conv[layer], self.recurrent[layer] = steps[keep - 1]
         self.last_forward = keep
+
+
+# A forward's rows by sequence, in row order: one sequence's T new tokens ([(state, T)]), or one
+# decode token for each of B sequences ([(s1, 1), ..., (sB, 1)]) so that the weights are read once.
+Segments = list[tuple[SequenceState, int]]
+
+
+def rope_positions(segments: Segments) -> torch.Tensor:
+    """Positions of every row: [rows], or [3, rows] (M-RoPE) when any sequence has images."""
+    parts = [state.rope_positions(n) for state, n in segments]
+    if len(parts) == 1:
+        return parts[0]
+    if any(p.ndim == 2 for p in parts):
+        parts = [p if p.ndim == 2 else p.expand(3, -1) for p in parts]
+    return torch.cat(parts, dim=-1)
+
+
+def attend(segments: Segments, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Each sequence's rows attend over its own KV (stored at its positions first)."""
+    outs, row = [], 0
+    for state, n in segments:
+        outs.append(state.kv.attend(key, state.length, q[row : row + n], k[row : row + n], v[row : row + n]))
+        row += n
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def advance(segments: Segments) -> None:
+    for state, n in segments:
+        state.length += n
+        state.last_forward = n

@@ -75,3 +75,27 @@ def gated_delta_rule(q, k, v, g, beta, state, keep_steps: bool = False):
         outs.append(o[0])
         steps.append(s[0])
     return torch.cat(outs).float(), s[0], steps if keep_steps else []
+
+
+def step_reference(q, k, v, g, beta, states):
+    """One token for each of B sequences: q/k [B, Hk, Dk], v [B, Hv, Dv], g/beta [B, Hv], states
+    [B, Hv, Dk, Dv] -> (out [B, Hv, Dv] float32, new states). The reference loop's step, batched."""
+    r = v.shape[1] // k.shape[1]
+    q = _l2norm(q.float()).repeat_interleave(r, 1) * q.shape[-1] ** -0.5
+    k = _l2norm(k.float()).repeat_interleave(r, 1)
+    s = states * g.float().exp()[..., None, None]
+    delta = (v.float() - (s * k[..., None]).sum(-2)) * beta.float()[..., None]
+    s = s + k[..., None] * delta[..., None, :]
+    return (s * q[..., None]).sum(-2), s
+
+
+def gated_delta_step(q, k, v, g, beta, states):
+    """`step_reference`'s contract; fla-core's recurrent kernel (B sequences, one token each) on CUDA."""
+    if not available(v.device):
+        return step_reference(q, k, v, g, beta, states)
+    _, recurrent = _fla()
+    out, final = recurrent(q=q[:, None].contiguous(), k=k[:, None].contiguous(), v=v[:, None].contiguous(),
+                           g=g[:, None].float().contiguous(), beta=beta[:, None].float().contiguous(),
+                           initial_state=states.contiguous(), scale=q.shape[-1] ** -0.5,
+                           use_qk_l2norm_in_kernel=True, output_final_state=True)
+    return out[:, 0].float(), final

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..layers import apply_rope, linear, rms_norm, rope_cos_sin, swiglu_mlp
-from ..state import SequenceState
+from ..state import Segments, SequenceState, advance, attend, rope_positions
 
 
 @dataclass(frozen=True)
@@ -41,33 +41,43 @@ class Model:
     def device(self) -> torch.device:
         return self.w["model.embed_tokens.weight"].device
 
-    def _attention(self, p: str, x: torch.Tensor, i: int, state: SequenceState) -> torch.Tensor:
+    def _attention(self, p: str, x: torch.Tensor, i: int, segments: Segments) -> torch.Tensor:
         c, w = self.cfg, self.w
         t = x.shape[0]
         q = rms_norm(linear(x, w[p + "q_proj.weight"]).view(t, c.num_heads, c.head_dim), w[p + "q_norm.weight"], c.eps, 0.0)
         k = rms_norm(linear(x, w[p + "k_proj.weight"]).view(t, c.num_kv_heads, c.head_dim), w[p + "k_norm.weight"], c.eps, 0.0)
         v = linear(x, w[p + "v_proj.weight"]).view(t, c.num_kv_heads, c.head_dim)
-        cos, sin = rope_cos_sin(torch.arange(state.length, state.length + t, device=x.device), c.head_dim,
-                                c.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(rope_positions(segments).to(x.device), c.head_dim, c.rope_theta, x.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return linear(state.kv.attend(i, state.length, q, k, v).reshape(t, -1), w[p + "o_proj.weight"])
+        return linear(attend(segments, i, q, k, v).reshape(t, -1), w[p + "o_proj.weight"])
 
     has_mtp = False
 
     def kv_layers(self) -> list[int]:
         return list(range(self.cfg.num_layers))
 
-    def forward(self, tokens: torch.Tensor, state: SequenceState, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`.
-        `last_logits`: logits of the last token only ([1, V]; a prefill chunk needs no more)."""
+    def _run(self, tokens: torch.Tensor, segments: Segments) -> torch.Tensor:
+        """Every layer over the rows of `segments` -> final-norm hidden [rows, H]; advances the states."""
         c, w = self.cfg, self.w
         x = F.embedding(tokens.to(w["model.embed_tokens.weight"].device), w["model.embed_tokens.weight"])
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            x = x + self._attention(p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], c.eps, 0.0), i, state)
+            x = x + self._attention(p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], c.eps, 0.0), i, segments)
             y = rms_norm(x, w[p + "post_attention_layernorm.weight"], c.eps, 0.0)
             x = x + swiglu_mlp(y, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
-        state.length += tokens.shape[0]
-        state.last_forward = tokens.shape[0]
-        hidden = rms_norm(x, w["model.norm.weight"], c.eps, 0.0)
-        return hidden, linear(hidden[-1:] if last_logits else hidden, w.get("lm_head.weight", w["model.embed_tokens.weight"]))
+        advance(segments)
+        return rms_norm(x, w["model.norm.weight"], c.eps, 0.0)
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        return self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+
+    def forward(self, tokens: torch.Tensor, state: SequenceState, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`.
+        `last_logits`: logits of the last token only ([1, V]; a prefill chunk needs no more)."""
+        hidden = self._run(tokens, [(state, tokens.shape[0])])
+        return hidden, linear(hidden[-1:] if last_logits else hidden, self.lm_head)
+
+    def decode_batch(self, tokens: torch.Tensor, states: list[SequenceState]) -> torch.Tensor:
+        """The next token of each of B sequences in one forward (weights read once): tokens [B] -> logits [B, V]."""
+        return linear(self._run(tokens, [(state, 1) for state in states]), self.lm_head)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernels.gated_delta import gated_delta_rule
+from ..kernels.gated_delta import gated_delta_rule, gated_delta_step
 from ..layers import apply_rope, gated_rms_norm, linear, rms_norm, rope_cos_sin, swiglu_mlp
-from ..state import SequenceState
+from ..state import Segments, SequenceState, advance, attend, rope_positions
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,8 @@ def _mrope_section(rope: dict) -> tuple[int, ...] | None:
 
 
 class Model:
-    """Weights are a name -> tensor dict (HF names); `forward` runs T new tokens of one sequence."""
+    """Weights are a name -> tensor dict (HF names); `forward` runs T new tokens of one sequence,
+    `decode_batch` one new token of each of several."""
 
     prefix = "model.language_model."
 
@@ -73,33 +74,70 @@ class Model:
     def _p(self, name: str) -> torch.Tensor:
         return self.w[self.prefix + name]
 
-    def _gdn(self, i: int, x: torch.Tensor, state: SequenceState) -> torch.Tensor:
+    def _gdn(self, i: int, x: torch.Tensor, segments: Segments) -> torch.Tensor:
         c, p = self.cfg, f"layers.{i}.linear_attn."
         t = x.shape[0]
         qkv = linear(x, self._p(p + "in_proj_qkv.weight"))
         z = linear(x, self._p(p + "in_proj_z.weight")).view(t, c.v_heads, c.v_dim)
-        b = linear(x, self._p(p + "in_proj_b.weight"))
+        beta = linear(x, self._p(p + "in_proj_b.weight")).sigmoid().float()
         a = linear(x, self._p(p + "in_proj_a.weight"))
-        # causal depthwise conv over [previous K-1 inputs | new inputs], then SiLU
-        k = c.conv_kernel
-        history = state.conv.get(i, torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype, device=qkv.device))
-        padded = torch.cat((history, qkv), dim=0)
-        state.conv[i] = padded[-(k - 1):].clone()
-        weight = self._p(p + "conv1d.weight")  # [C, 1, K], depthwise
-        conv = F.silu(F.conv1d(padded.T[None], weight.to(padded.dtype), groups=weight.shape[0])[0].T)
-        q, kk, v = torch.split(conv, [c.k_heads * c.k_dim, c.k_heads * c.k_dim, c.v_heads * c.v_dim], dim=-1)
-        beta = b.sigmoid().float()
         g = -self._p(p + "A_log").float().exp() * F.softplus(a.float() + self._p(p + "dt_bias"))
-        s = state.recurrent.get(i, torch.zeros(c.v_heads, c.k_dim, c.v_dim, device=x.device))
-        out, state.recurrent[i], states = gated_delta_rule(
-            q.view(t, c.k_heads, c.k_dim), kk.view(t, c.k_heads, c.k_dim), v.view(t, c.v_heads, c.v_dim), g, beta, s,
-            keep_steps=state.keep_steps)
-        if state.keep_steps:
-            state.steps[i] = [(padded[j + 1 : j + k].clone(), s_j) for j, s_j in enumerate(states)]
+        if len(segments) > 1 and all(n == 1 for _, n in segments):
+            out = self._gdn_decode_batch(i, qkv, g, beta, [state for state, _ in segments])
+        else:
+            out, row = [], 0
+            for state, n in segments:
+                out.append(self._gdn_sequence(i, qkv[row : row + n], g[row : row + n], beta[row : row + n], state))
+                row += n
+            out = out[0] if len(out) == 1 else torch.cat(out)
         o = gated_rms_norm(out.to(x.dtype), z, self._p(p + "norm.weight"), c.eps)
         return linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
 
-    def _attention(self, w, x: torch.Tensor, key: int, state: SequenceState) -> torch.Tensor:
+    def _split_heads(self, conv: torch.Tensor):
+        c = self.cfg
+        q, k, v = torch.split(conv, [c.k_heads * c.k_dim, c.k_heads * c.k_dim, c.v_heads * c.v_dim], dim=-1)
+        return (q.unflatten(-1, (c.k_heads, c.k_dim)), k.unflatten(-1, (c.k_heads, c.k_dim)),
+                v.unflatten(-1, (c.v_heads, c.v_dim)))
+
+    def _conv_weight(self, i: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._p(f"layers.{i}.linear_attn.conv1d.weight").to(dtype)  # [C, 1, K], depthwise
+
+    def _zero_state(self, device) -> torch.Tensor:
+        c = self.cfg
+        return torch.zeros(c.v_heads, c.k_dim, c.v_dim, device=device)
+
+    def _gdn_sequence(self, i: int, qkv, g, beta, state: SequenceState) -> torch.Tensor:
+        """T tokens of one sequence: causal depthwise conv over [previous K-1 inputs | new], SiLU, delta rule."""
+        k = self.cfg.conv_kernel
+        history = state.conv.get(i, torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype, device=qkv.device))
+        padded = torch.cat((history, qkv), dim=0)
+        state.conv[i] = padded[-(k - 1):].clone()
+        weight = self._conv_weight(i, padded.dtype)
+        conv = F.silu(F.conv1d(padded.T[None], weight, groups=weight.shape[0])[0].T)
+        s = state.recurrent.get(i, self._zero_state(qkv.device))
+        out, state.recurrent[i], states = gated_delta_rule(*self._split_heads(conv), g, beta, s,
+                                                           keep_steps=state.keep_steps)
+        if state.keep_steps:
+            state.steps[i] = [(padded[j + 1 : j + k].clone(), s_j) for j, s_j in enumerate(states)]
+        return out
+
+    def _gdn_decode_batch(self, i: int, qkv, g, beta, states: list[SequenceState]) -> torch.Tensor:
+        """One token of each of B sequences: their conv windows and recurrent states stacked, one step."""
+        k = self.cfg.conv_kernel
+        zeros = torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype, device=qkv.device)
+        padded = torch.cat((torch.stack([st.conv.get(i, zeros) for st in states]), qkv[:, None]), dim=1)  # [B, K, C]
+        weight = self._conv_weight(i, padded.dtype)
+        conv = F.silu(F.conv1d(padded.transpose(1, 2), weight, groups=weight.shape[0])[..., 0])
+        zero = self._zero_state(qkv.device)
+        out, new = gated_delta_step(*self._split_heads(conv), g, beta,
+                                    torch.stack([st.recurrent.get(i, zero) for st in states]))
+        for b, st in enumerate(states):
+            if st.keep_steps:
+                raise ValueError("batched decode is for sequences without speculative decoding")
+            st.conv[i], st.recurrent[i] = padded[b, 1:], new[b]
+        return out
+
+    def _attention(self, w, x: torch.Tensor, key: int, segments: Segments) -> torch.Tensor:
         """Gated full attention; `w(name)` looks up this layer's tensors, `key` names its KV slot."""
         c = self.cfg
         t = x.shape[0]
@@ -109,10 +147,10 @@ class Model:
         k = rms_norm(linear(x, w("self_attn.k_proj.weight")).view(t, c.num_kv_heads, c.head_dim),
                      w("self_attn.k_norm.weight"), c.eps, 1.0)
         v = linear(x, w("self_attn.v_proj.weight")).view(t, c.num_kv_heads, c.head_dim)
-        cos, sin = rope_cos_sin(state.rope_positions(t).to(x.device), c.rotary_dim, c.rope_theta, x.dtype,
+        cos, sin = rope_cos_sin(rope_positions(segments).to(x.device), c.rotary_dim, c.rope_theta, x.dtype,
                                 c.mrope_section)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = state.kv.attend(key, state.length, q, k, v).reshape(t, -1)
+        o = attend(segments, key, q, k, v).reshape(t, -1)
         o = o * torch.sigmoid(gate.reshape(t, -1))
         return linear(o, w("self_attn.o_proj.weight"))
 
@@ -122,25 +160,33 @@ class Model:
         y = rms_norm(x, w("post_attention_layernorm.weight"), c.eps, 1.0)
         return x + swiglu_mlp(y, w("mlp.gate_proj.weight"), w("mlp.up_proj.weight"), w("mlp.down_proj.weight"))
 
-    def forward(self, tokens: torch.Tensor, state: SequenceState, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`.
-        `last_logits`: logits of the last token only ([1, V]; a prefill chunk needs no more)."""
+    def _run(self, tokens: torch.Tensor, segments: Segments) -> torch.Tensor:
+        """Every layer over the rows of `segments` -> final-norm hidden [rows, H]; advances the states."""
         c = self.cfg
         embed = self._p("embed_tokens.weight")
         x = F.embedding(tokens.to(embed.device), embed)
-        images = state.image_embeddings(tokens.shape[0])
-        if images is not None:
-            x[images[0].to(x.device)] = images[1].to(x.device, x.dtype)
+        if len(segments) == 1:  # prompts with images are prefilled one sequence at a time
+            images = segments[0][0].image_embeddings(tokens.shape[0])
+            if images is not None:
+                x[images[0].to(x.device)] = images[1].to(x.device, x.dtype)
         for i, kind in enumerate(c.layer_types):
             w = (lambda name, i=i: self._p(f"layers.{i}.{name}"))
             if kind == "linear_attention":
-                x = self._layer(w, x, lambda h, i=i: self._gdn(i, h, state))
+                x = self._layer(w, x, lambda h, i=i: self._gdn(i, h, segments))
             else:
-                x = self._layer(w, x, lambda h, i=i, w=w: self._attention(w, h, i, state))
-        state.length += tokens.shape[0]
-        state.last_forward = tokens.shape[0]
-        hidden = rms_norm(x, self._p("norm.weight"), c.eps, 1.0)
+                x = self._layer(w, x, lambda h, i=i, w=w: self._attention(w, h, i, segments))
+        advance(segments)
+        return rms_norm(x, self._p("norm.weight"), c.eps, 1.0)
+
+    def forward(self, tokens: torch.Tensor, state: SequenceState, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`.
+        `last_logits`: logits of the last token only ([1, V]; a prefill chunk needs no more)."""
+        hidden = self._run(tokens, [(state, tokens.shape[0])])
         return hidden, linear(hidden[-1:] if last_logits else hidden, self.lm_head)
+
+    def decode_batch(self, tokens: torch.Tensor, states: list[SequenceState]) -> torch.Tensor:
+        """The next token of each of B sequences in one forward (weights read once): tokens [B] -> logits [B, V]."""
+        return linear(self._run(tokens, [(state, 1) for state in states]), self.lm_head)
 
     @property
     def has_mtp(self) -> bool:
@@ -156,9 +202,9 @@ class Model:
         h = rms_norm(hidden, w["mtp.pre_fc_norm_hidden.weight"], c.eps, 1.0)
         u = linear(torch.cat((e, h), dim=-1), w["mtp.fc.weight"])
         layer = (lambda name: w[f"mtp.layers.0.{name}"])
-        u = self._layer(layer, u, lambda x: self._attention(layer, x, -1, state))
-        state.length += next_tokens.shape[0]
-        state.last_forward = next_tokens.shape[0]
+        segments = [(state, next_tokens.shape[0])]
+        u = self._layer(layer, u, lambda x: self._attention(layer, x, -1, segments))
+        advance(segments)
         d = rms_norm(u, w["mtp.norm.weight"], c.eps, 1.0)
         return d, linear(d, self.lm_head)
 

@@ -128,3 +128,44 @@ def test_mtp_speculative_engine_matches_plain_greedy(model):
     engine.run_until_done()
     assert again.cached_tokens > len(prompts[0]) and again.tokens == generate_greedy(model, torch.tensor(follow), 5)
     assert engine.mtp_pool.free_blocks == engine.mtp_pool.num_blocks  # the MTP head's KV is returned
+
+
+@pytest.mark.parametrize("model_id", ["tiny-qwen3.5", "tiny-qwen3"])
+def test_decode_batch_equals_one_sequence_at_a_time(tiny_model, model_id):
+    """decode_batch (one forward, the sequences' rows stacked) gives each sequence the logits and
+    the state its own forward would: different lengths, their own KV, conv and recurrent state."""
+    from ninfer_run.state import SequenceState
+
+    m = tiny_model(model_id)
+    prompts = _prompts(4, seed=5)
+    alone, together = [SequenceState() for _ in prompts], [SequenceState() for _ in prompts]
+    for p, a, b in zip(prompts, alone, together):
+        m.forward(torch.tensor(p), a)
+        m.forward(torch.tensor(p), b)
+    tokens = torch.tensor([7, 8, 9, 10])
+    for _ in range(3):
+        want = torch.cat([m.forward(tokens[i : i + 1], s)[1] for i, s in enumerate(alone)])
+        got = m.decode_batch(tokens, together)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), float((got - want).abs().max())
+        tokens = want.argmax(-1)
+    assert [s.length for s in together] == [s.length for s in alone] == [len(p) + 3 for p in prompts]
+
+
+def test_engine_batched_decode_matches_sequential(model, monkeypatch):
+    batch_sizes = []
+    decode_batch = model.decode_batch
+
+    def spy(tokens, states):
+        batch_sizes.append(len(states))
+        return decode_batch(tokens, states)
+
+    monkeypatch.setattr(model, "decode_batch", spy)
+    prompts = _prompts(4, seed=9)
+    outputs = {}
+    for batched in (False, True):
+        engine = _engine(model, max_context=1024, max_concurrency=4, batched_decode=batched)
+        results = [engine.submit(Request(p, max_tokens=12, stop_token_ids=(5,))) for p in prompts]
+        engine.run_until_done()
+        outputs[batched] = [(r.tokens, r.finish_reason) for r in results]
+    assert outputs[True] == outputs[False]
+    assert batch_sizes and max(batch_sizes) == 4  # only the batched engine called it, with all four

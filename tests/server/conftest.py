@@ -59,17 +59,28 @@ class ScriptedModel:
     def __getattr__(self, name):
         return getattr(self._model, name)
 
+    def _script(self, logits, row: int, position: int) -> None:
+        """Make the scripted token the argmax of `row`, which predicts the token after `position`."""
+        k = position + 1 - self.prompt_len
+        if k >= 0:
+            logits[row] = -1e4
+            logits[row, self.script[k] if k < len(self.script) else self._end] = 1e4
+
     def forward(self, tokens, state, last_logits=False):
         start = state.length
         hidden, logits = self._model.forward(tokens, state, last_logits)
         logits = logits.clone()
         first = tokens.shape[0] - logits.shape[0]  # the row of logits[0]
         for row in range(logits.shape[0]):
-            k = start + first + row + 1 - self.prompt_len
-            if k >= 0:
-                logits[row] = -1e4
-                logits[row, self.script[k] if k < len(self.script) else self._end] = 1e4
+            self._script(logits, row, start + first + row)
         return hidden, logits
+
+    def decode_batch(self, tokens, states):
+        starts = [state.length for state in states]
+        logits = self._model.decode_batch(tokens, states).clone()
+        for row, start in enumerate(starts):
+            self._script(logits, row, start)
+        return logits
 
 
 def _app(path, model, api_key=None, vision=None, **config):
