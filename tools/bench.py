@@ -250,6 +250,18 @@ def model_flops_per_token(model) -> int:
     return total
 
 
+def bars_of(results: dict) -> dict[str, float]:
+    """Prefill and decode tok/s of every profile, for the plot."""
+    bars = {}
+    for profile, p in results["profiles"].items():
+        for row in p["prefill"]:
+            bars[f"{profile} prefill {row['tokens'] // 1000}K"] = row["tok_s"]
+        for row in p["decode"]:
+            mtp = f" MTP{'f' if row['forced'] else ''}" if row["draft_tokens"] else ""
+            bars[f"{profile} decode C={row['concurrency']}{mtp}"] = row["tok_s"]
+    return bars
+
+
 def table(r: dict) -> str:
     c = r.get("ceilings", {})
     lines = [f"ceilings: copy {c.get('copy_GB_s', 0):.0f} GB/s, bf16 matmul {c.get('bf16_TFLOP_s', 0):.0f} TFLOP/s"]
@@ -299,8 +311,8 @@ def main() -> None:
     results: dict = {"model": model_id, "chunk": args.chunk, "profiles": {}}
     name = "bench_h200" if gpu else "bench_smoke"
 
-    def save():
-        write_results(args.out, name, results)
+    def save():  # after every figure: a run cut short keeps what it measured, plot included
+        write_results(args.out, name, results, bars=bars_of(results), ylabel="tok/s")
 
     if gpu:
         sys.path.insert(0, str(Path(__file__).parent))
@@ -359,12 +371,7 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - the peer's failure must not take our figures with it
             results["transformers_error"] = repr(e)
             print(f"transformers peer failed: {e!r}", flush=True)
-    bars = {}
-    for profile, p in results["profiles"].items():
-        for row in p["decode"]:
-            label = f"{profile} C={row['concurrency']}" + (f" MTP{'f' if row['forced'] else ''}" if row["draft_tokens"] else "")
-            bars[label] = row["tok_s"]
-    write_results(args.out, name, results, bars=bars, ylabel="decode tok/s (aggregate)")
+    save()
     print(table(results))
 
 
