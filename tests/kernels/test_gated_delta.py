@@ -8,9 +8,8 @@ import torch
 
 from ninfer_run.kernels import gated_delta
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available() or gated_delta._fla() is None:
-    pytest.skip("fla-core's kernels need CUDA and fla-core", allow_module_level=True)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or gated_delta._fla() is None,
+                                                 reason="fla-core's kernels need CUDA and fla-core")]
 
 HK, HV, D = 16, 48, 128
 
