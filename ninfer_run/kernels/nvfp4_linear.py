@@ -56,8 +56,11 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, s2_ptr, y_ptr, M, N, K, stride_xm, stride_
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         n_ok = rn[:, None] < N
         codes = tl.load(q_ptr + rn[:, None] * (K // 2) + (k0 // 2 + half)[None, :], mask=n_ok, other=0).to(tl.int32)
-        scale = tl.load(s_ptr + rn[:, None] * (K // 16) + (k0 // 16 + half // 8)[None, :], mask=n_ok, other=0)
-        scale = _e4m3_times_2m8(scale.to(tl.int32)) * 4194304.0  # 2^22: undoes both 2^-14 and 2^-8
+        # one scale per 16 values: decoded once per block, then spread over its 8 code bytes
+        blocks = tl.load(s_ptr + rn[:, None] * (K // 16) + (k0 // 16 + tl.arange(0, BLOCK_K // 16))[None, :],
+                         mask=n_ok, other=0)
+        blocks = _e4m3_times_2m8(blocks.to(tl.int32)) * 4194304.0  # 2^22: undoes both 2^-14 and 2^-8
+        scale = tl.reshape(tl.broadcast_to(blocks[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)), (BLOCK_N, BLOCK_K // 2))
         lo = (_e2m1_times_2m14(codes & 15) * scale).to(x_ptr.dtype.element_ty)
         hi = (_e2m1_times_2m14(codes >> 4) * scale).to(x_ptr.dtype.element_ty)
         m_ok = rm[:, None] < M
