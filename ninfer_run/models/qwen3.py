@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from ..layers import apply_rope, linear, rms_norm, rope_cos_sin, swiglu_mlp
-from ..state import Segments, SequenceState, advance, attend, rope_positions
+from ..state import Segments, advance, attend, rope_positions
+from .base import CausalLM
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class DenseConfig:
                    rope_theta=float(c["rope_parameters"]["rope_theta"]), eps=c["rms_norm_eps"], vocab_size=c["vocab_size"])
 
 
-class Model:
+class Model(CausalLM):
     def __init__(self, config: dict, entry: dict, weights: dict[str, torch.Tensor]):
         self.cfg = DenseConfig.from_config(config)
         self.w = weights
@@ -72,12 +73,3 @@ class Model:
     def lm_head(self) -> torch.Tensor:
         return self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
 
-    def forward(self, tokens: torch.Tensor, state: SequenceState, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`.
-        `last_logits`: logits of the last token only ([1, V]; a prefill chunk needs no more)."""
-        hidden = self._run(tokens, [(state, tokens.shape[0])])
-        return hidden, linear(hidden[-1:] if last_logits else hidden, self.lm_head)
-
-    def decode_batch(self, tokens: torch.Tensor, states: list[SequenceState]) -> torch.Tensor:
-        """The next token of each of B sequences in one forward (weights read once): tokens [B] -> logits [B, V]."""
-        return linear(self._run(tokens, [(state, 1) for state in states]), self.lm_head)

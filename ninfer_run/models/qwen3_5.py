@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ..kernels.gated_delta import gated_delta_rule, gated_delta_step
 from ..layers import apply_rope, gated_rms_norm, linear, rms_norm, rope_cos_sin, swiglu_mlp
 from ..state import Segments, SequenceState, advance, attend, rope_positions
+from .base import CausalLM
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def _mrope_section(rope: dict) -> tuple[int, ...] | None:
     return tuple(section) if section is not None else None
 
 
-class Model:
+class Model(CausalLM):
     """Weights are a name -> tensor dict (HF names); `forward` runs T new tokens of one sequence,
     `decode_batch` one new token of each of several."""
 
@@ -177,16 +178,6 @@ class Model:
                 x = self._layer(w, x, lambda h, i=i, w=w: self._attention(w, h, i, segments))
         advance(segments)
         return rms_norm(x, self._p("norm.weight"), c.eps, 1.0)
-
-    def forward(self, tokens: torch.Tensor, state: SequenceState, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`.
-        `last_logits`: logits of the last token only ([1, V]; a prefill chunk needs no more)."""
-        hidden = self._run(tokens, [(state, tokens.shape[0])])
-        return hidden, linear(hidden[-1:] if last_logits else hidden, self.lm_head)
-
-    def decode_batch(self, tokens: torch.Tensor, states: list[SequenceState]) -> torch.Tensor:
-        """The next token of each of B sequences in one forward (weights read once): tokens [B] -> logits [B, V]."""
-        return linear(self._run(tokens, [(state, 1) for state in states]), self.lm_head)
 
     @property
     def has_mtp(self) -> bool:

@@ -1,0 +1,26 @@
+"""What every model family shares: the two ways the engine runs a forward, over the family's `_run`
+(its layers over row segments, returning final-norm hidden states) and its `lm_head`."""
+
+from __future__ import annotations
+
+import torch
+
+from ..layers import linear
+from ..state import Segments, SequenceState
+
+
+class CausalLM:
+    def _run(self, tokens: torch.Tensor, segments: Segments) -> torch.Tensor:
+        raise NotImplementedError
+
+    lm_head: torch.Tensor
+
+    def forward(self, tokens: torch.Tensor, state: SequenceState, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`.
+        `last_logits`: logits of the last token only ([1, V]; a prefill chunk needs no more)."""
+        hidden = self._run(tokens, [(state, tokens.shape[0])])
+        return hidden, linear(hidden[-1:] if last_logits else hidden, self.lm_head)
+
+    def decode_batch(self, tokens: torch.Tensor, states: list[SequenceState]) -> torch.Tensor:
+        """The next token of each of B sequences in one forward (weights read once): tokens [B] -> logits [B, V]."""
+        return linear(self._run(tokens, [(state, 1) for state in states]), self.lm_head)
