@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from .engine import EngineConfig
+from .kv.pool import READ_SLICE
 from .kv.quant import GROUP
 from .vision.encoder import PREFIX as VISION_PREFIX
 
@@ -83,6 +84,17 @@ class ModelShape:
         values = 2 * (self.attention_layers + (1 if mtp else 0)) * self.kv_heads * self.head_dim
         return values + values // GROUP * 2 if kv_dtype == "int8" else values * 2
 
+    def prefill_scratch_bytes(self, max_context: int, gpu: bool) -> int:
+        """Transient buffers of one long prefill chunk beyond its activations. GPU: one KV head's keys
+        and values at the full context in bf16 plus the decode slices' float32 temporaries (the
+        dense attention path, kernels/paged_attention.py), and the bf16 dequantization buffer of the
+        largest linear (the MLP's). CPU reference path: one layer's whole K/V read back in float32."""
+        fixed = 3 * READ_SLICE * self.head_dim * 4 + self.intermediate * self.hidden * 2 if gpu else 0
+        return max_context * self.scratch_per_token(gpu) + fixed
+
+    def scratch_per_token(self, gpu: bool) -> int:
+        return 2 * self.head_dim * 2 if gpu else 2 * self.kv_heads * self.head_dim * 4
+
     def workspace_bytes(self, prefill_chunk: int, rows: int) -> int:
         """Estimate of the activations of one prefill chunk (bf16) plus fp32 logits for `rows` tokens."""
         gdn = 2 * self.gdn_k_heads * self.gdn_k_dim + 2 * self.gdn_v_heads * self.gdn_v_dim if self.gdn_layers else 0
@@ -104,13 +116,14 @@ class MemoryPlan:
     frontier_states: int
     media: int
     workspace: int
+    prefill_scratch: int
     cuda_graphs: int
     runtime: int
 
     @property
     def device_total(self) -> int:
         on_device = (self.weights + self.kv_pool + self.running_states + self.rollback_states + self.media
-                     + self.workspace + self.cuda_graphs + self.runtime)
+                     + self.workspace + self.prefill_scratch + self.cuda_graphs + self.runtime)
         return on_device + (self.frontier_states if self.device == "cpu" else 0)
 
     @property
@@ -131,6 +144,8 @@ class MemoryPlan:
                  f"{c.max_concurrency} x {c.draft_tokens + 1 if c.draft_tokens else 0} slots"),
                 ("media buffers", self.media, "--vision: encoder cache + live images" if self.media else "no --vision"),
                 ("activation workspace", self.workspace, f"estimate: prefill chunk {c.prefill_chunk} + logits"),
+                ("prefill scratch", self.prefill_scratch,
+                 "one KV head at full context + dequantized weight" if self.device != "cpu" else "one layer's K/V, fp32"),
                 ("CUDA graphs", self.cuda_graphs, "estimate: one shared pool" if self.cuda_graphs else "none"),
                 ("runtime overhead", self.runtime, "estimate: context, handles, allocator" if self.runtime else "none")]
         where = "same memory" if self.device == "cpu" else "host memory"
@@ -171,6 +186,7 @@ def plan(shape: ModelShape, weights: int, config: EngineConfig, device: str = "c
         frontier_states=state * config.max_frontiers,
         media=(media_cache_mib + media_live_mib) * MiB if vision else 0,
         workspace=shape.workspace_bytes(config.prefill_chunk, config.max_concurrency * (config.draft_tokens + 1)),
+        prefill_scratch=shape.prefill_scratch_bytes(config.max_context, gpu),
         cuda_graphs=CUDA_GRAPH_POOL if gpu else 0, runtime=RUNTIME_OVERHEAD if gpu else 0)
 
 
@@ -180,7 +196,7 @@ def largest_context(shape: ModelShape, weights: int, config: EngineConfig, capac
     `capacity - margin`; 0 if none does."""
     fixed = plan(shape, weights, replace(config, max_context=0), **kw)
     room = capacity - margin - fixed.device_total
-    fits = max(0, room // fixed.kv_per_token // step * step)
+    fits = max(0, room // (fixed.kv_per_token + shape.scratch_per_token(fixed.device != "cpu")) // step * step)
     return min(fits, shape.max_positions) if shape.max_positions else fits
 
 

@@ -178,14 +178,16 @@ class ForcedAcceptance:
 
 
 def kv_capacity(model, entry, config, weights: int, device: str) -> dict:
+    """Tokens of INT8 KV that fit beside the weights: by the planner (each token also costs its share of
+    the dense prefill's scratch) on the whole card, and by the memory free right now."""
     shape = ModelShape.from_config(entry.resolved["family"], config, entry.resolved)
     fixed = plan(shape, weights, EngineConfig(max_context=0), device)
-    free = torch.cuda.mem_get_info()[0] if device == "cuda" else 0
-    total = torch.cuda.mem_get_info()[1] if device == "cuda" else 0
-    return {"kv_bytes_per_token": fixed.kv_per_token, "weights_bytes": weights,
-            "planner_tokens_C1": max(0, (total - fixed.device_total) // fixed.kv_per_token) if total else None,
-            "free_now_tokens": free // fixed.kv_per_token if free else None,
-            "sequences_of_100k": (total - fixed.device_total) // fixed.kv_per_token // 100_000 if total else None}
+    per_token = fixed.kv_per_token + shape.scratch_per_token(device != "cpu")
+    free, total = torch.cuda.mem_get_info() if device == "cuda" else (0, 0)
+    tokens = max(0, (total - fixed.device_total) // per_token) if total else None
+    return {"kv_bytes_per_token": fixed.kv_per_token, "planned_bytes_per_token": per_token, "weights_bytes": weights,
+            "planner_tokens_C1": tokens, "free_now_tokens": free // per_token if free else None,
+            "sequences_of_100k": tokens // 100_000 if tokens else None}
 
 
 # -- the transformers peer ---------------------------------------------------------------------------

@@ -34,17 +34,26 @@ def reference(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[list[in
 def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int], length: int) -> torch.Tensor:
     """A long prefill chunk q [T, Hq, D] at the end of a `length`-token sequence -> [T, Hq, D] in q's dtype.
 
-    Compute-bound, so the sequence's KV is decoded to q's dtype once (a few ms at 100K tokens) and
-    flash attention runs on it through SDPA: bottom-right causal mask (query i sits at length - T + i)
-    and GQA without copying heads. The paged kernel's per-block dequantization made the same work
-    ~20 TFLOP/s on the H200 (tools/bench_kernels.py); decode and verify (few rows) keep the kernel."""
+    Compute-bound, so each KV head's keys and values are decoded to q's dtype once (a few ms at 100K
+    tokens) and flash attention runs on them through SDPA, for that head's group of query heads, with
+    a bottom-right causal mask (query i sits at length - T + i). One head at a time bounds the
+    transient memory to one head's K/V (268 MB at 262K tokens for the 27B; memory.py plans it). The
+    paged kernel's per-block dequantization made the same work ~20 TFLOP/s on the H200
+    (tools/bench_kernels.py); decode and verify (few rows) keep the kernel."""
     from torch.nn.attention.bias import causal_lower_right
 
-    k, v = pool.read(layer, blocks, length, q.dtype)
-    qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    out = torch.nn.functional.scaled_dot_product_attention(
-        qh, kh, vh, attn_mask=causal_lower_right(q.shape[0], length), enable_gqa=True)
-    return out[0].transpose(0, 1)
+    t, hq, dim = q.shape
+    hkv = pool.layout.kv_heads
+    group = hq // hkv
+    mask = causal_lower_right(t, length)
+    out = torch.empty_like(q)
+    for h in range(hkv):
+        k, v = pool.read_head(layer, blocks, length, h, q.dtype)
+        qh = q[:, h * group : (h + 1) * group].transpose(0, 1)[None]  # [1, G, T, D]
+        o = torch.nn.functional.scaled_dot_product_attention(qh, k[None, None], v[None, None], attn_mask=mask,
+                                                             enable_gqa=True)
+        out[:, h * group : (h + 1) * group] = o[0].transpose(0, 1)
+    return out
 
 
 @triton.jit

@@ -13,6 +13,8 @@ import torch
 
 from .quant import GROUP, dequantize_kv, quantize_kv
 
+READ_SLICE = 16384  # tokens decoded at a time by read_head (its float32 temporaries scale with this)
+
 
 class PoolExhausted(RuntimeError):
     """No free block is left; the caller evicts a cached prefix or refuses the request."""
@@ -99,6 +101,22 @@ class BlockPool:
             self.v[layer, b, s], self.v_scale[layer, b, s] = vq, vs
         else:
             self.k[layer, b, s], self.v[layer, b, s] = k.to(torch.bfloat16), v.to(torch.bfloat16)
+
+    def read_head(self, layer: int, blocks: list[int], length: int, head: int, dtype,
+                  slice_tokens: int = READ_SLICE) -> tuple[torch.Tensor, torch.Tensor]:
+        """k/v [length, D] of one KV head, decoded `slice_tokens` at a time straight into `dtype`: the
+        only full-length buffers are the two results (no float32 copy of the whole sequence)."""
+        b, s = (t.to(self.k.device) for t in self._slots(blocks, 0, length))
+        shape = (length, self.layout.head_dim)
+        k, v = (torch.empty(shape, dtype=dtype, device=self.k.device) for _ in range(2))
+        for start in range(0, length, slice_tokens):
+            bb, ss = b[start : start + slice_tokens], s[start : start + slice_tokens]
+            for out, data, scale in ((k, self.k, getattr(self, "k_scale", None)), (v, self.v, getattr(self, "v_scale", None))):
+                if self.layout.dtype == "int8":
+                    out[start : start + len(bb)] = dequantize_kv(data[layer, bb, ss, head], scale[layer, bb, ss, head], dtype)
+                else:
+                    out[start : start + len(bb)] = data[layer, bb, ss, head].to(dtype)
+        return k, v
 
     def read(self, layer: int, blocks: list[int], length: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """k/v [length, H, D] of positions 0..length-1, decoded."""

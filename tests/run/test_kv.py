@@ -78,3 +78,16 @@ def test_paged_kv_logits_and_int8_accuracy_cost(model_id, tiny_model, record_pro
     assert bf16_err < 1e-2
     assert int8_err < 3e-2
     assert int(results["int8"][-10:].argmax(-1).ne(results["bf16"][-10:].argmax(-1)).sum()) <= 2
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+def test_read_head_in_slices_equals_read(dtype):
+    """One head's K/V decoded a slice at a time (the dense prefill path) equals the whole read."""
+    pool = BlockPool(KVLayout(2, 3, 64, 16, dtype), 12)
+    blocks = pool.allocate(9)[::-1]
+    g = torch.Generator().manual_seed(1)
+    pool.write(1, blocks, 0, torch.randn(130, 3, 64, generator=g), torch.randn(130, 3, 64, generator=g))
+    k, v = pool.read(1, blocks, 130, torch.bfloat16)
+    for head in range(3):
+        kh, vh = pool.read_head(1, blocks, 130, head, torch.bfloat16, slice_tokens=7)
+        assert torch.equal(kh, k[:, head]) and torch.equal(vh, v[:, head])
