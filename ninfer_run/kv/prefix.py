@@ -81,9 +81,11 @@ class PrefixCache:
         self._add(tokens, list(blocks), state)
 
     def _add(self, tokens: list[int], blocks: list[int], state: SequenceState) -> None:
-        """A frontier owning `blocks` (one reference each) and a copy of the state's GDN snapshot."""
-        self.frontiers.append(Frontier(tuple(tokens), blocks, {k: v.clone() for k, v in state.conv.items()},
-                                       {k: v.clone() for k, v in state.recurrent.items()}, next(self._clock)))
+        """A frontier owning `blocks` (one reference each) and a copy of the state's GDN snapshot, kept in
+        host memory (147 MiB a snapshot on the 27B: the GPU's memory is for weights and KV; memory.py
+        plans them there)."""
+        self.frontiers.append(Frontier(tuple(tokens), blocks, _copy(state.conv, "cpu"), _copy(state.recurrent, "cpu"),
+                                       next(self._clock)))
         while len(self.frontiers) > self.max_frontiers:
             self._evict_one()
 
@@ -137,11 +139,15 @@ class PrefixCache:
             self.pool.copy_block(best.blocks[whole], fresh)
             state.kv.blocks.append(fresh)
         if full:
-            state.conv = {k: v.clone() for k, v in best.conv.items()}
-            state.recurrent = {k: v.clone() for k, v in best.recurrent.items()}
+            device = self.pool.k.device
+            state.conv, state.recurrent = _copy(best.conv, device), _copy(best.recurrent, device)
             self.stats.full_hits += 1
         else:
             self.stats.partial_hits += 1
         state.length = best_len
         self.stats.cached_tokens += best_len
         return state, best_len
+
+
+def _copy(tensors: dict[int, torch.Tensor], device) -> dict[int, torch.Tensor]:
+    return {k: v.to(device, copy=True) for k, v in tensors.items()}
