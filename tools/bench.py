@@ -299,7 +299,7 @@ def main() -> None:
     parser.add_argument("--prefill", nargs="+", type=int, default=[8192, 32768, 100_000])
     parser.add_argument("--chunk", type=int, default=8192, help="prefill chunk (tokens)")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
@@ -333,7 +333,7 @@ def main() -> None:
         save()
         flops = model_flops_per_token(model)
         prefill(model, min(2 * args.chunk, args.prefill[0]), args.chunk, seed=99)  # warm-up: compiles every kernel
-        for tokens in args.prefill if n == 0 else args.prefill[:2]:
+        for tokens in args.prefill if n == 0 else args.prefill[:1]:  # later profiles: the 8K point (device time)
             row = prefill(model, tokens, args.chunk, seed=tokens)
             row["of_flop_ceiling"] = flops * row["tok_s"] / (ceil["bf16_TFLOP_s"] * 1e12)
             p["prefill"].append(row)
@@ -366,8 +366,11 @@ def main() -> None:
         entry = registry_entry(model_id)
         config = entry.expected_config()
         try:
-            depth = [transformers_peer(config, entry.resolved["layer_pattern"], layers, args.prefill[0],
-                                       args.new_tokens, device) for layers in (4, 8)]
+            depth = []
+            for layers in (4, 8):
+                depth.append(transformers_peer(config, entry.resolved["layer_pattern"], layers, args.prefill[0],
+                                               args.new_tokens, device))
+                print(f"[transformers] {layers} layers: {depth[-1]}", flush=True)
             results["transformers"] = depth
             results["transformers_64_layers"] = {**extrapolate(*depth, 64), "prefill_tokens": args.prefill[0]}
         except Exception as e:  # noqa: BLE001 - the peer's failure must not take our figures with it
