@@ -13,8 +13,16 @@ import torch.nn.functional as F
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
     """RMSNorm with weight (offset + w): offset 1 for Qwen3.5's zero-centred norms, 0 for plain ones.
+    On CUDA one fused kernel (kernels/norms.py), elsewhere `rms_norm_reference`."""
+    if x.is_cuda:
+        from .kernels import norms
 
-    Qwen3.5 (`(1 + w)`): the product is taken in float32, then cast. Qwen3 (plain `w`): the
+        return norms.rms_norm(x, weight, eps, offset)
+    return rms_norm_reference(x, weight, eps, offset)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    """Qwen3.5 (`(1 + w)`): the product is taken in float32, then cast. Qwen3 (plain `w`): the
     normalized value is cast to the input dtype first, then scaled (transformers' order)."""
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -24,7 +32,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Gated DeltaNet output norm: plain-weight RMSNorm of x, times silu(gate) (computed in float32)."""
+    """Gated DeltaNet output norm; one fused kernel on CUDA (kernels/norms.py), else the reference."""
+    if x.is_cuda:
+        from .kernels import norms
+
+        return norms.gated_rms_norm(x, gate, weight, eps)
+    return gated_rms_norm_reference(x, gate, weight, eps)
+
+
+def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Plain-weight RMSNorm of x, times silu(gate) (computed in float32)."""
     x32 = x.float()
     normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return ((weight * normed) * F.silu(gate.float())).to(x.dtype)

@@ -1,0 +1,65 @@
+"""RMSNorm and the Gated DeltaNet output norm as one Triton kernel each (GPU): the torch versions in
+layers.py take ~9 small kernels per call, and a 27B decode step makes ~210 of these calls
+(tools/results/decode_profile_h200.txt: host launch overhead dominates decode).
+
+Same rounding points as the references (layers.rms_norm_reference / gated_rms_norm_reference, transformers'
+order): statistics in float32; a zero-centred (offset) weight multiplies in float32 before the cast,
+a plain weight multiplies the already-cast value; the gate's SiLU is in float32. Sums may associate
+differently from torch's, so results agree to float32 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round(v, dtype: tl.constexpr):
+    """float32 -> `dtype` (round to nearest even, as torch casts) -> float32."""
+    return v.to(dtype, fp_downcast_rounding="rtne").to(tl.float32)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, D, eps, offset,
+                     BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr):
+    row = tl.program_id(0)
+    d = tl.arange(0, BLOCK)
+    ok = d < D
+    x = tl.load(x_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32)
+    normed = x * tl.rsqrt(tl.sum(x * x, 0) / D + eps)
+    w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
+    dtype = y_ptr.dtype.element_ty
+    if OFFSET:
+        y = normed * (offset + w)
+    elif IN_DTYPE:  # weight and cast value multiplied in the activation dtype (rounded)
+        y = _round(_round(w, dtype) * _round(normed, dtype), dtype)
+    else:  # a float32 weight promotes the product to float32
+        y = w * _round(normed, dtype)
+    if GATED:
+        g = tl.load(g_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32)
+        y = y * (g / (1.0 + tl.exp(-g)))
+    tl.store(y_ptr + row * D + d, y.to(dtype, fp_downcast_rounding="rtne"), mask=ok)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gate: torch.Tensor | None,
+            in_dtype: bool):
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d).contiguous()
+    g2 = gate.reshape(-1, d).contiguous() if gate is not None else x2
+    y = torch.empty_like(x2)
+    _rms_norm_kernel[(x2.shape[0],)](x2, weight.contiguous(), g2, y, d, eps, float(offset),
+                                     BLOCK=triton.next_power_of_2(d), OFFSET=bool(offset), GATED=gate is not None,
+                                     IN_DTYPE=in_dtype)
+    return y.view(x.shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    """layers.rms_norm's contract, one kernel."""
+    return _launch(x, weight, eps, offset, None, in_dtype=True)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """layers.gated_rms_norm's contract (plain weight, then times SiLU(gate)), one kernel."""
+    return _launch(x, weight, eps, 0.0, gate, in_dtype=weight.dtype == x.dtype)

@@ -1,0 +1,41 @@
+"""The fused RMSNorm / gated RMSNorm kernels against layers.py's torch versions on fresh inputs:
+both weight conventions (zero-centred offset and plain), q/k-norm shaped rows, the GDN gate.
+On a CPU the interpreter runs them in fp16 (its float32 -> bf16 cast truncates instead of rounding;
+in fp16 the results were bit-identical); on a GPU in bf16."""
+
+import pytest
+import torch
+
+from ninfer_run import layers
+
+triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.gpu  # `pytest -m gpu`: compiled on a GPU, in Triton's interpreter elsewhere
+from ninfer_run.kernels import norms  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("shape", [(5, 256), (3, 4, 128), (1, 5120)])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_matches_reference(shape, offset):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(*shape, generator=g) * 3).to(DEVICE, DTYPE)
+    w = (torch.randn(shape[-1], generator=g) * 0.1 + (0 if offset else 1)).to(DEVICE, DTYPE)
+    got, want = norms.rms_norm(x, w, 1e-6, offset), layers.rms_norm_reference(x, w, 1e-6, offset)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert _rel(got, want) < 4e-3  # sums may associate differently: rare 1-ulp flips of the output
+
+
+@pytest.mark.parametrize("weight_dtype", ["same", "float32"])
+def test_gated_rms_norm_matches_reference(weight_dtype):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 3, 128, generator=g).to(DEVICE, DTYPE)
+    gate = (torch.randn(6, 3, 128, generator=g) * 2).to(DEVICE, DTYPE)
+    w = (torch.randn(128, generator=g) * 0.1 + 1).to(DEVICE, DTYPE if weight_dtype == "same" else torch.float32)
+    got, want = norms.gated_rms_norm(x, gate, w, 1e-6), layers.gated_rms_norm_reference(x, gate, w, 1e-6)
+    assert got.dtype == want.dtype and _rel(got, want) < 4e-3
