@@ -10,11 +10,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+HALF = (torch.bfloat16, torch.float16)  # activation dtypes the fused CUDA kernels take
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
     """RMSNorm with weight (offset + w): offset 1 for Qwen3.5's zero-centred norms, 0 for plain ones.
-    On CUDA one fused kernel (kernels/norms.py), elsewhere `rms_norm_reference`."""
-    if x.is_cuda:
+    On CUDA in bf16/fp16 one fused kernel (kernels/norms.py), elsewhere `rms_norm_reference`."""
+    if x.is_cuda and x.dtype in HALF:
         from .kernels import norms
 
         return norms.rms_norm(x, weight, eps, offset)
@@ -33,7 +35,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, offset
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Gated DeltaNet output norm; one fused kernel on CUDA (kernels/norms.py), else the reference."""
-    if x.is_cuda:
+    if x.is_cuda and x.dtype in HALF:
         from .kernels import norms
 
         return norms.gated_rms_norm(x, gate, weight, eps)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -99,3 +100,18 @@ def gated_delta_step(q, k, v, g, beta, states):
                            initial_state=states.contiguous(), scale=q.shape[-1] ** -0.5,
                            use_qk_l2norm_in_kernel=True, output_final_state=True)
     return out[:, 0].float(), final
+
+
+def gates_reference(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """Per-token gates: a, b [T, Hv] -> (log-decay -exp(A_log) * softplus(a + dt_bias), sigmoid(b)), float32."""
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+    return g, b.sigmoid().float()
+
+
+def gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """`gates_reference`'s contract; one Triton kernel on CUDA in bf16/fp16 (kernels/gdn_gates.py)."""
+    if not a.is_cuda or b.dtype not in (torch.bfloat16, torch.float16):
+        return gates_reference(a, b, a_log, dt_bias)
+    from .gdn_gates import gdn_gates
+
+    return gdn_gates(a, b, a_log, dt_bias)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernels.gated_delta import gated_delta_rule, gated_delta_step
+from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates
 from ..layers import apply_rope, gated_rms_norm, linear, rms_norm, rope_cos_sin, swiglu_mlp
 from ..state import Segments, SequenceState, advance, attend, rope_positions
 from .base import CausalLM
@@ -80,9 +80,8 @@ class Model(CausalLM):
         t = x.shape[0]
         qkv = linear(x, self._p(p + "in_proj_qkv.weight"))
         z = linear(x, self._p(p + "in_proj_z.weight")).view(t, c.v_heads, c.v_dim)
-        beta = linear(x, self._p(p + "in_proj_b.weight")).sigmoid().float()
-        a = linear(x, self._p(p + "in_proj_a.weight"))
-        g = -self._p(p + "A_log").float().exp() * F.softplus(a.float() + self._p(p + "dt_bias"))
+        g, beta = gates(linear(x, self._p(p + "in_proj_a.weight")), linear(x, self._p(p + "in_proj_b.weight")),
+                        self._p(p + "A_log"), self._p(p + "dt_bias"))
         if len(segments) > 1 and all(n == 1 for _, n in segments):
             out = self._gdn_decode_batch(i, qkv, g, beta, [state for state, _ in segments])
         else:

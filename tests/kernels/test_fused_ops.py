@@ -1,5 +1,5 @@
-"""The fused RMSNorm / gated RMSNorm kernels against layers.py's torch versions on fresh inputs:
-both weight conventions (zero-centred offset and plain), q/k-norm shaped rows, the GDN gate.
+"""The fused small ops against their torch references on fresh inputs: RMSNorm (zero-centred offset
+and plain weights, q/k-norm shaped rows), the gated GDN output norm, the GDN gates.
 On a CPU the interpreter runs them in fp16 (its float32 -> bf16 cast truncates instead of rounding;
 in fp16 the results were bit-identical); on a GPU in bf16."""
 
@@ -39,3 +39,19 @@ def test_gated_rms_norm_matches_reference(weight_dtype):
     w = (torch.randn(128, generator=g) * 0.1 + 1).to(DEVICE, DTYPE if weight_dtype == "same" else torch.float32)
     got, want = norms.gated_rms_norm(x, gate, w, 1e-6), layers.gated_rms_norm_reference(x, gate, w, 1e-6)
     assert got.dtype == want.dtype and _rel(got, want) < 4e-3
+
+
+@pytest.mark.parametrize("rows", [1, 37])
+def test_gdn_gates_match_reference(rows):
+    """The fused GDN gates (log-decay and beta) vs the torch form, including softplus above its threshold."""
+    from ninfer_run.kernels.gated_delta import gates_reference
+    from ninfer_run.kernels.gdn_gates import gdn_gates
+
+    g = torch.Generator().manual_seed(rows)
+    a = (torch.randn(rows, 48, generator=g) * 8).to(DEVICE, DTYPE)  # some a + dt_bias > 20
+    b = (torch.randn(rows, 48, generator=g) * 3).to(DEVICE, DTYPE)
+    a_log = (torch.rand(48, generator=g) * 2.7).to(DEVICE, DTYPE)
+    dt_bias = (torch.randn(48, generator=g) + 10).to(DEVICE, DTYPE)
+    got, want = gdn_gates(a, b, a_log, dt_bias), gates_reference(a, b, a_log, dt_bias)
+    for x, y in zip(got, want):
+        assert x.dtype == y.dtype == torch.float32 and _rel(x, y) < 1e-5
