@@ -102,6 +102,13 @@ class BlockPool:
         else:
             self.k[layer, b, s], self.v[layer, b, s] = k.to(torch.bfloat16), v.to(torch.bfloat16)
 
+    def _decoded(self, layer: int, index: tuple, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """k/v at [layer, *index] (advanced indexing: blocks, slots[, head]), decoded to `dtype`."""
+        at = (layer, *index)
+        if self.layout.dtype == "int8":
+            return (dequantize_kv(self.k[at], self.k_scale[at], dtype), dequantize_kv(self.v[at], self.v_scale[at], dtype))
+        return self.k[at].to(dtype), self.v[at].to(dtype)
+
     def read_head(self, layer: int, blocks: list[int], length: int, head: int, dtype,
                   slice_tokens: int = READ_SLICE) -> tuple[torch.Tensor, torch.Tensor]:
         """k/v [length, D] of one KV head, decoded `slice_tokens` at a time straight into `dtype`: the
@@ -110,18 +117,10 @@ class BlockPool:
         shape = (length, self.layout.head_dim)
         k, v = (torch.empty(shape, dtype=dtype, device=self.k.device) for _ in range(2))
         for start in range(0, length, slice_tokens):
-            bb, ss = b[start : start + slice_tokens], s[start : start + slice_tokens]
-            for out, data, scale in ((k, self.k, getattr(self, "k_scale", None)), (v, self.v, getattr(self, "v_scale", None))):
-                if self.layout.dtype == "int8":
-                    out[start : start + len(bb)] = dequantize_kv(data[layer, bb, ss, head], scale[layer, bb, ss, head], dtype)
-                else:
-                    out[start : start + len(bb)] = data[layer, bb, ss, head].to(dtype)
+            end = min(start + slice_tokens, length)
+            k[start:end], v[start:end] = self._decoded(layer, (b[start:end], s[start:end], head), dtype)
         return k, v
 
     def read(self, layer: int, blocks: list[int], length: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """k/v [length, H, D] of positions 0..length-1, decoded."""
-        b, s = self._slots(blocks, 0, length)
-        if self.layout.dtype == "int8":
-            return (dequantize_kv(self.k[layer, b, s], self.k_scale[layer, b, s], dtype),
-                    dequantize_kv(self.v[layer, b, s], self.v_scale[layer, b, s], dtype))
-        return self.k[layer, b, s].to(dtype), self.v[layer, b, s].to(dtype)
+        return self._decoded(layer, self._slots(blocks, 0, length), dtype)
