@@ -21,20 +21,30 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
+def _normalized(q, k, value_heads: int):
+    """q/k L2-normalised in float32 (q also scaled by Dk^-0.5), repeated onto the value heads."""
+    r = value_heads // k.shape[-2]
+    return (_l2norm(q.float()).repeat_interleave(r, -2) * q.shape[-1] ** -0.5,
+            _l2norm(k.float()).repeat_interleave(r, -2))
+
+
+def _delta_step(s, q, k, v, g, beta):
+    """One token of the gated delta rule on normalised inputs (any leading dims): -> (out, new state)."""
+    s = s * g.exp()[..., None, None]
+    delta = (v - (s * k[..., None]).sum(-2)) * beta[..., None]
+    s = s + k[..., None] * delta[..., None, :]
+    return (s * q[..., None]).sum(-2), s
+
+
 def reference(q, k, v, g, beta, state, keep_steps: bool = False):
     """-> (out [T, Hv, Dv] float32, final state, [state after each token] if keep_steps)."""
-    r = v.shape[1] // k.shape[1]
-    q = _l2norm(q.float()).repeat_interleave(r, 1) * q.shape[-1] ** -0.5
-    k = _l2norm(k.float()).repeat_interleave(r, 1)
+    q, k = _normalized(q, k, v.shape[1])
     v, g, beta = v.float(), g.float(), beta.float()
     s = state
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     steps = []
     for j in range(v.shape[0]):
-        s = s * g[j].exp()[:, None, None]
-        delta = (v[j] - (s * k[j][:, :, None]).sum(1)) * beta[j][:, None]
-        s = s + k[j][:, :, None] * delta[:, None, :]
-        out[j] = (s * q[j][:, :, None]).sum(1)
+        out[j], s = _delta_step(s, q[j], k[j], v[j], g[j], beta[j])
         if keep_steps:
             steps.append(s)
     return out, s, steps
@@ -62,39 +72,32 @@ def gated_delta_rule(q, k, v, g, beta, state, keep_steps: bool = False):
     token at a time in the verify case (T is the draft count + 1, a handful)."""
     if not available(v.device):
         return reference(q, k, v, g, beta, state, keep_steps)
-    chunk, recurrent = _fla()
-    names = ("q", "k", "v", "g", "beta")  # by name: the recurrent form takes gk/gv between g and beta
-    args = {n: t[None].contiguous() for n, t in zip(names, (q, k, v))}
-    args |= {n: t[None].float().contiguous() for n, t in zip(names[3:], (g, beta))}
-    opts = dict(scale=q.shape[-1] ** -0.5, use_qk_l2norm_in_kernel=True, output_final_state=True)
     if v.shape[0] > 1 and not keep_steps:
-        out, final = chunk(**args, initial_state=state[None], **opts)
+        chunk, _ = _fla()
+        out, final = chunk(*(t[None].contiguous() for t in (q, k, v)), g[None].float().contiguous(),
+                           beta[None].float().contiguous(), initial_state=state[None], scale=q.shape[-1] ** -0.5,
+                           use_qk_l2norm_in_kernel=True, output_final_state=True)
         return out[0].float(), final[0], []
     outs, steps, s = [], [], state[None]
     for j in range(v.shape[0]):
-        o, s = recurrent(**{n: a[:, j : j + 1] for n, a in args.items()}, initial_state=s, **opts)
-        outs.append(o[0])
+        o, s = gated_delta_step(*(t[j : j + 1] for t in (q, k, v, g, beta)), s)
+        outs.append(o)
         steps.append(s[0])
-    return torch.cat(outs).float(), s[0], steps if keep_steps else []
+    return torch.cat(outs), s[0], steps if keep_steps else []
 
 
 def step_reference(q, k, v, g, beta, states):
     """One token for each of B sequences: q/k [B, Hk, Dk], v [B, Hv, Dv], g/beta [B, Hv], states
-    [B, Hv, Dk, Dv] -> (out [B, Hv, Dv] float32, new states). The reference loop's step, batched."""
-    r = v.shape[1] // k.shape[1]
-    q = _l2norm(q.float()).repeat_interleave(r, 1) * q.shape[-1] ** -0.5
-    k = _l2norm(k.float()).repeat_interleave(r, 1)
-    s = states * g.float().exp()[..., None, None]
-    delta = (v.float() - (s * k[..., None]).sum(-2)) * beta.float()[..., None]
-    s = s + k[..., None] * delta[..., None, :]
-    return (s * q[..., None]).sum(-2), s
+    [B, Hv, Dk, Dv] -> (out [B, Hv, Dv] float32, new states). The reference's step, batched."""
+    q, k = _normalized(q, k, v.shape[1])
+    return _delta_step(states, q, k, v.float(), g.float(), beta.float())
 
 
 def gated_delta_step(q, k, v, g, beta, states):
     """`step_reference`'s contract; fla-core's recurrent kernel (B sequences, one token each) on CUDA."""
     if not available(v.device):
         return step_reference(q, k, v, g, beta, states)
-    _, recurrent = _fla()
+    _, recurrent = _fla()  # by keyword: it takes gk/gv between g and beta
     out, final = recurrent(q=q[:, None].contiguous(), k=k[:, None].contiguous(), v=v[:, None].contiguous(),
                            g=g[:, None].float().contiguous(), beta=beta[:, None].float().contiguous(),
                            initial_state=states.contiguous(), scale=q.shape[-1] ** -0.5,
