@@ -140,13 +140,18 @@ def rope_positions(segments: Segments) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-def attend(segments: Segments, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Each sequence's rows attend over its own KV (stored at its positions first)."""
+def per_sequence(segments: Segments, fn, *tensors: torch.Tensor) -> torch.Tensor:
+    """fn(state, *each tensor's rows of that sequence) for every sequence, outputs in row order."""
     outs, row = [], 0
     for state, n in segments:
-        outs.append(state.kv.attend(key, state.length, q[row : row + n], k[row : row + n], v[row : row + n]))
+        outs.append(fn(state, *(t[row : row + n] for t in tensors)))
         row += n
     return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def attend(segments: Segments, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Each sequence's rows attend over its own KV (stored at its positions first)."""
+    return per_sequence(segments, lambda state, q, k, v: state.kv.attend(key, state.length, q, k, v), q, k, v)
 
 
 def advance(segments: Segments) -> None:

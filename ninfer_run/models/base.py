@@ -22,5 +22,8 @@ class CausalLM:
         return hidden, linear(hidden[-1:] if last_logits else hidden, self.lm_head)
 
     def decode_batch(self, tokens: torch.Tensor, states: list[SequenceState]) -> torch.Tensor:
-        """The next token of each of B sequences in one forward (weights read once): tokens [B] -> logits [B, V]."""
+        """The next token of each of B sequences in one forward (weights read once): tokens [B] -> logits [B, V].
+        Not for speculative decoding: its per-token rollback states are kept by `forward` only."""
+        if any(state.keep_steps for state in states):
+            raise ValueError("batched decode is for sequences without speculative decoding")
         return linear(self._run(tokens, [(state, 1) for state in states]), self.lm_head)

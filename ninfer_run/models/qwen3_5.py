@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates
 from ..layers import apply_rope, gated_rms_norm, linear, rms_norm, rope_cos_sin, swiglu_mlp
-from ..state import Segments, SequenceState, advance, attend, rope_positions
+from ..state import Segments, SequenceState, advance, attend, per_sequence, rope_positions
 from .base import CausalLM
 
 
@@ -85,11 +85,7 @@ class Model(CausalLM):
         if len(segments) > 1 and all(n == 1 for _, n in segments):
             out = self._gdn_decode_batch(i, qkv, g, beta, [state for state, _ in segments])
         else:
-            out, row = [], 0
-            for state, n in segments:
-                out.append(self._gdn_sequence(i, qkv[row : row + n], g[row : row + n], beta[row : row + n], state))
-                row += n
-            out = out[0] if len(out) == 1 else torch.cat(out)
+            out = per_sequence(segments, lambda state, *rows: self._gdn_sequence(i, *rows, state), qkv, g, beta)
         o = gated_rms_norm(out.to(x.dtype), z, self._p(p + "norm.weight"), c.eps)
         return linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
 
@@ -132,8 +128,6 @@ class Model(CausalLM):
         out, new = gated_delta_step(*self._split_heads(conv), g, beta,
                                     torch.stack([st.recurrent.get(i, zero) for st in states]))
         for b, st in enumerate(states):
-            if st.keep_steps:
-                raise ValueError("batched decode is for sequences without speculative decoding")
             st.conv[i], st.recurrent[i] = padded[b, 1:], new[b]
         return out
 

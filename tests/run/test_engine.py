@@ -169,3 +169,12 @@ def test_engine_batched_decode_matches_sequential(model, monkeypatch):
         outputs[batched] = [(r.tokens, r.finish_reason) for r in results]
     assert outputs[True] == outputs[False]
     assert batch_sizes and max(batch_sizes) == 4  # only the batched engine called it, with all four
+
+
+def test_decode_batch_refuses_speculative_states(model):
+    from ninfer_run.state import SequenceState
+
+    states = [SequenceState(), SequenceState(keep_steps=True)]
+    with pytest.raises(ValueError, match="speculative"):
+        model.decode_batch(torch.tensor([1, 2]), states)
+    assert [s.length for s in states] == [0, 0]  # refused before any state changed
