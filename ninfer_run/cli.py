@@ -51,14 +51,14 @@ _MAX_CONTEXT = typer.Option(32768, "--max-context", help="KV pool size in tokens
 _MAX_CONCURRENCY = typer.Option(1, "--max-concurrency", help="sequences decoded together")
 _PREFILL_CHUNK = typer.Option(None, "--prefill-chunk", help="prompt tokens per prefill step (default: 8192 on a GPU, "
                               "what the H200 prefill figures were measured with; 1024 on the CPU path)")
-
-
-def _default_chunk(prefill_chunk: int | None, device: str) -> int:
-    return prefill_chunk or (8192 if device.startswith("cuda") else 1024)
 _KV_DTYPE = typer.Option("int8", "--kv-dtype", help="int8 (group-64) | bf16")
 _SPEC = typer.Option(None, "--spec", help="mtp: speculative decoding with the artifact's MTP head")
 _DRAFT_TOKENS = typer.Option(3, "--draft-tokens", help="drafts per step with --spec mtp")
 _MAX_FRONTIERS = typer.Option(32, "--max-frontiers", help="prefix-cache frontiers kept (GDN snapshots)")
+
+
+def _default_chunk(prefill_chunk: int | None, device: str) -> int:
+    return prefill_chunk or (8192 if device.startswith("cuda") else 1024)
 
 
 def _engine_config(max_context: int, max_concurrency: int, prefill_chunk: int, kv_dtype: str, spec: str | None,

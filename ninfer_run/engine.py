@@ -298,9 +298,10 @@ class Engine:
     def step(self) -> None:
         self._admit()
         batch = [run for run in self.running if self._plain_decode(run)] if self.config.batched_decode else []
-        if len(batch) > 1:
-            self._decode_batch(batch)
-        done = {id(run) for run in batch} if len(batch) > 1 else set()
+        if len(batch) < 2:
+            batch = []  # one sequence takes the plain path
+        self._decode_batch(batch)
+        done = {id(run) for run in batch}
         for run in list(self.running):
             if id(run) in done:
                 continue

@@ -68,13 +68,14 @@ def _random_weight(name: str, shape: tuple[int, ...], tensor_class: str, gen: to
 
 
 def build_model(model_id: str, profile: str, device: str, dtype: torch.dtype):
-    """(model, bytes each decoded token reads: every weight but the embedding table)."""
+    """(model, bytes of all its weights, bytes each decoded token reads: all but the embedding table
+    and the MTP head, entry, config)."""
     entry = registry_entry(model_id)
     config = entry.expected_config()
     classes = scheme_classes(entry, profile)
     scratch = Scratch()
     gen = torch.Generator(device=device).manual_seed(0)
-    weights, read_bytes = {}, 0
+    weights, total_bytes, read_bytes = {}, 0, 0
     for t in expand(entry.resolved, config, tuple(p for p in entry.available_parts if p != "vision")).values():
         w = _random_weight(t.name, t.shape, t.tensor_class, gen, device)
         scheme = classes[t.tensor_class]
@@ -85,19 +86,12 @@ def build_model(model_id: str, profile: str, device: str, dtype: torch.dtype):
         else:
             weights[t.name] = w.to(dtype)
             nbytes = weights[t.name].numel() * weights[t.name].element_size()
+        total_bytes += nbytes
         if "embed_tokens" not in t.name and not t.name.startswith("mtp."):
             read_bytes += nbytes
         del w
     model = model_class(entry.resolved["family"])(config, entry.resolved, weights)
-    return model, read_bytes, entry, config
-
-
-def weight_bytes(model) -> int:
-    total = 0
-    for w in model.w.values():
-        tensors = w.parts.values() if isinstance(w, QuantizedLinear) else [w]
-        total += sum(t.numel() * t.element_size() for t in tensors)
-    return total
+    return model, total_bytes, read_bytes, entry, config
 
 
 # -- measurements through the engine ---------------------------------------------------------------
@@ -317,15 +311,13 @@ def main() -> None:
         write_results(args.out, name, results, bars=bars_of(results), ylabel="tok/s")
 
     if gpu:
-        sys.path.insert(0, str(Path(__file__).parent))
-        from bench_kernels import ceilings
+        from bench_kernels import ceilings  # tools/ is on the path, as for bench_common
 
         results["ceilings"] = ceilings()
     ceil = results.get("ceilings", {"copy_GB_s": float("nan"), "bf16_TFLOP_s": float("nan")})
     for n, profile in enumerate(args.profiles):
         t0 = time.perf_counter()
-        model, read_bytes, entry, config = build_model(model_id, profile, device, dtype)
-        weights = weight_bytes(model)
+        model, weights, read_bytes, entry, config = build_model(model_id, profile, device, dtype)
         p = results["profiles"][profile] = {
             "build_s": time.perf_counter() - t0, "weights_GiB": weights / 2**30, "read_GiB": read_bytes / 2**30,
             "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / read_bytes, "prefill": [], "decode": []}
