@@ -177,4 +177,4 @@ def test_decode_batch_refuses_speculative_states(model):
     states = [SequenceState(), SequenceState(keep_steps=True)]
     with pytest.raises(ValueError, match="speculative"):
         model.decode_batch(torch.tensor([1, 2]), states)
-    assert [s.length for s in states] == [0, 0]  # refused before any state changed
+    assert [s.length for s in states] == [0, 0] and states[0].conv == {}  # refused before any state changed
