@@ -36,7 +36,7 @@ if SMOKE and not torch.cuda.is_available():
 import triton  # noqa: E402
 
 from ninfer_pack.quant import quantize_int, quantize_nvfp4  # noqa: E402
-from ninfer_run.kernels import gated_delta, int_linear, nvfp4_linear  # noqa: E402
+from ninfer_run.kernels import cuda_ops, gated_delta, int_linear, nvfp4_linear  # noqa: E402
 from ninfer_run.kernels.paged_attention import dense_prefill, paged_attention  # noqa: E402
 from ninfer_run.kernels.paged_attention import reference as attention_reference  # noqa: E402
 from ninfer_run.kv.pool import BlockPool, KVLayout  # noqa: E402
@@ -102,8 +102,11 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
         qi, si = _int4_weight(n, k, device)
         for m in ((1, 4, 8, 16) if time_it else (1, 16)):
             x = torch.randn(m, k, device=device).to(dtype)
+            cuda = cuda_ops.nvfp4_gemv_fits(x, n)
             checks = {"nvfp4": _rel(nvfp4_linear.gemv(x, q, s8, s2), nvfp4_linear.reference(x, q, s8, s2)),
                       "int4": _rel(int_linear.gemv(x, qi, si, None, 4, 128), int_linear.reference(x, qi, si, None, 4, 128))}
+            if cuda:
+                checks["nvfp4_cuda"] = _rel(cuda_ops.nvfp4_gemv(x, q, s8, s2), nvfp4_linear.reference(x, q, s8, s2))
             row = {"linear": name, "N": n, "K": k, "M": m, "rel_err": checks}
             if time_it:
                 nv_bytes = n * k // 2 + n * k // 16
@@ -111,7 +114,11 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                 nv = _copies(lambda: _nvfp4_weight(n, k, device), nv_bytes)
                 i4 = _copies(lambda: _int4_weight(n, k, device), i4_bytes)
                 bf = _copies(lambda: torch.randn(k, n, device=device, dtype=torch.bfloat16), 2 * n * k)
-                row["nvfp4_ms"] = _bench(_rotating(lambda w: nvfp4_linear.gemv(x, *w), nv))
+                row["nvfp4_triton_ms"] = _bench(_rotating(lambda w: nvfp4_linear.gemv(x, *w), nv))
+                # the engine's path: the CUDA C++ kernel where it runs, else Triton
+                row["nvfp4_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv(x, *w), nv)) if cuda \
+                    else row["nvfp4_triton_ms"]
+                row["nvfp4_kernel"] = "cuda" if cuda else "triton"
                 row["int4_ms"] = _bench(_rotating(lambda w: int_linear.gemv(x, w[0], w[1], None, 4, 128), i4))
                 row["bf16_peer_ms"] = _bench(_rotating(lambda w: x @ w, bf))
                 row["nvfp4_GB_s"] = nv_bytes / row["nvfp4_ms"] / 1e6
@@ -252,15 +259,16 @@ def table(results: dict) -> str:
     for r in results["decode_gemv"]:
         if "nvfp4_ms" in r:
             lines.append(f"gemv {r['linear']:<16} M={r['M']:<2} nvfp4 {r['nvfp4_GB_s']:6.0f} GB/s "
-                         f"({r['nvfp4_of_roofline']:.0%} roofline, {r['nvfp4_vs_peer']:.2f}x bf16)  "
+                         f"({r['nvfp4_of_roofline']:.0%} roofline, {r['nvfp4_vs_peer']:.2f}x bf16, {r['nvfp4_kernel']}; "
+                         f"triton {r['nvfp4_triton_ms'] * 1000:.0f} us)  "
                          f"int4 {r['int4_GB_s']:6.0f} GB/s ({r['int4_vs_peer']:.2f}x bf16)")
         else:
             lines.append(f"gemv {r['linear']} M={r['M']} rel err {r['rel_err']}")
-    for r in results["prefill"]:
+    for r in results.get("prefill", []):
         extra = (f" {r['TFLOP_s']:.0f} TFLOP/s = {r['of_flop_ceiling']:.0%} of ceiling, {r['vs_peer']:.2f}x bf16"
                  if "ours_ms" in r else "")
         lines.append(f"prefill {r['linear']:<16} M={r['M']} dequant exact={r['dequant_exact']}{extra}")
-    for r in results["attention"]:
+    for r in results.get("attention", []):
         extra = (f" {r['KV_GB_s']:.0f} GB/s = {r['of_roofline']:.0%} roofline, {r['vs_peer']:.2f}x bf16 SDPA"
                  if "ms" in r else f" rel err {r['rel_err']:.1e}")
         lines.append(f"attention ctx={r['context']:<6} C={r['batch']}{extra}")
@@ -289,6 +297,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/bench")))
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, checks only (works on a CPU)")
+    parser.add_argument("--gemv-only", action="store_true", help="only the decode GEMVs (a quick kernel iteration)")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -299,6 +308,9 @@ def main() -> None:
     if ceil:
         results["ceilings"] = ceil
     results["decode_gemv"] = linears(device, dtype, shapes, ceil, gpu)
+    if args.gemv_only:
+        print(table({"ceilings": ceil, "decode_gemv": results["decode_gemv"]}))
+        return
     results["prefill"] = prefill(device, dtype, shapes, ceil, gpu, 8192 if gpu else 32)
     results["attention"] = attention(device, dtype, (24, 4, 256) if gpu else (12, 2, 64),
                                      (8192, 32768, 100_000) if gpu else (100,), (1, 8) if gpu else (2,), ceil, gpu)

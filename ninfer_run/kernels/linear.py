@@ -1,6 +1,7 @@
 """Quantized weights that apply themselves (layers.linear calls them): the GPU path's linear layer.
 
-Few rows (decode, MTP verification: T <= 16) run the GEMV kernels straight from the packed weight;
+Few rows (decode, MTP verification: T <= 16) run the GEMV kernels straight from the packed weight
+(NVFP4 on Hopper: the CUDA kernel of cuda_ops, else Triton);
 more rows (prefill chunks) dequantize into one shared bf16 scratch buffer, sized to the largest
 weight, and run a single cuBLAS matmul. The weight's parts are the artifact's logical (row-major)
 parts, on the device.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import int_linear, nvfp4_linear
+from . import cuda_ops, int_linear, nvfp4_linear
 
 GEMV_MAX_ROWS = 16
 
@@ -46,6 +47,8 @@ class QuantizedLinear:
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
         p = self.parts
         if self.scheme["kind"] == "nvfp4":
+            if cuda_ops.nvfp4_gemv_fits(x, self.shape[0]):
+                return cuda_ops.nvfp4_gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
             return nvfp4_linear.gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
         return int_linear.gemv(x, p["qweight"], p["scale"], p.get("zero_point"), self.scheme["bits"],
                                self.scheme["group_size"])

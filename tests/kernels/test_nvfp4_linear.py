@@ -47,3 +47,25 @@ def test_gemv_rejects_what_it_cannot_do():
     q, s8, s2 = _weight(64, 256, 0)
     with pytest.raises(ValueError, match="M <= 16"):
         k.gemv(torch.zeros(17, 256, dtype=DTYPE, device=DEVICE), q, s8, s2)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+@pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (4, 17408, 5120), (9, 1024, 5120), (16, 48, 5120),
+                                    (1, 8, 128), (3, 6144, 5120)])
+def test_cuda_gemv_matches_reference(m, n, kk):
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    q, s8, s2 = _weight(n, kk, m * n)
+    # the codes' full range, 0.5 (a bf16 subnormal once placed) and the scales' subnormals included
+    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(kk + m)).to(DEVICE, DTYPE)
+    out = cuda_ops.nvfp4_gemv(x, q, s8, s2)
+    ref = k.reference(x, q, s8, s2)
+    assert out.shape == (m, n) and not torch.isnan(out).any()
+    assert float((out - ref).norm() / ref.norm()) < 1e-5
+    # subnormal block scales (e4m3 exponent 0): every scale byte set to 1..7 must still decode exactly
+    tiny = torch.randint(1, 8, s8.shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8).to(DEVICE)
+    small = tiny.view(s8.dtype)
+    assert float((cuda_ops.nvfp4_gemv(x, q, small, s2) - k.reference(x, q, small, s2)).norm()
+                 / k.reference(x, q, small, s2).norm()) < 1e-5

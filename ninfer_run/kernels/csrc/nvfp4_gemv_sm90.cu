@@ -1,0 +1,186 @@
+// NVFP4 weight x bf16 activations for decode (M <= 16 rows) on Hopper's mma.sync tensor cores:
+//   y[m, n] = s2 * sum_k x[m, k] * e2m1(q[n, k]) * e4m3(scale[n, k / 16])
+// Operands as the sm_90a artifact stores them (row-major, K-major):
+//   x      bf16 [M, K]        q      u8 [N, K/2] (element 2i in the low nibble)
+//   scale  e4m3 [N, K/16]     s2     f32 [1] (on the device: no host sync)
+//   y      f32  [M, N]        (stored, or added atomically when K is split over blocks: y zeroed first)
+//
+// Memory-bound: every weight byte is read once, 16 bytes per lane per 128-K tile, and never touches
+// shared memory. Lane 4g + c of a warp owns column n0 + g and the 32 K values kt*128 + 32c .. +31 of
+// each tile: four 32-bit words w0..w3, word t holding elements 8t .. 8t+7 (nibble i = element 8t + i).
+// The tile's eight m16n8k16 MMAs take K in an order of our choosing (a sum does not care), as long as
+// A (x) and B (weights) agree. MMA j = 2t + h takes, as B's register pair (b0, b1), the nibble pairs
+// (i, i+4) for i = 2h and 2h + 1 of word t: one shift-and-mask places both nibbles of a pair in the
+// two bf16 halves of a register, so decoding costs ~2 integer ops per element. A's registers hold the
+// matching x values: a0 = (x[8t+2h], x[8t+2h+4]), a2 = (x[8t+2h+1], x[8t+2h+5]) (byte permutes).
+//
+// Exactness: an E2M1 code's bits placed in a bf16 read as value * 2^-126 (subnormal for 0.5); the
+// block scale is turned into scale * 2^100 (bf16, exact); their product, value * scale * 2^-26, has
+// at most 6 significant bits, so the bf16 multiply is exact and so are the tensor cores' products.
+// The fp32 accumulator is multiplied by s2 * 2^26 at the end.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace ninfer_sm90 {
+
+constexpr int kTileK = 128;   // K values per warp tile: 4 lanes x 32
+constexpr int kWarps = 4;     // warps per block, splitting K between them
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// Nibble pair (i, i + 4) of word w as two bf16 halves (value * 2^-126 each). I is 0..3.
+template <int I>
+__device__ __forceinline__ uint32_t fp4_pair(uint32_t w) {
+  constexpr int em = 6 - 4 * I, sign = 12 - 4 * I;  // shifts taking bits 4I..4I+2 to 6..8, 4I+3 to 15
+  const uint32_t e = em >= 0 ? (w << em) : (w >> -em);
+  return (e & 0x01C001C0u) | ((w << sign) & 0x80008000u);
+}
+
+// One E4M3 block-scale byte -> scale * 2^100 in both bf16 halves (exact; e4m3 subnormals included).
+__device__ __forceinline__ uint32_t scale_pair(uint32_t byte) {
+  const float f = __uint_as_float(((byte & 0x80u) << 24) | ((byte & 0x7Fu) << 20));  // scale * 2^-120
+  const __nv_bfloat16 s = __float2bfloat16_rn(f * 0x1p110f * 0x1p110f);
+  const uint32_t bits = *reinterpret_cast<const uint16_t*>(&s);
+  return bits | (bits << 16);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t permute(uint32_t lo, uint32_t hi, uint32_t selector) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(selector));
+  return d;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x[row, k0 .. k0+31] (64 bytes) as four uint4, zero for rows past M.
+__device__ __forceinline__ void load_x(uint4 (&v)[4], const __nv_bfloat16* x, int row, int M, int K, int k0) {
+  if (row < M) {
+    const uint4* p = reinterpret_cast<const uint4*>(x + (size_t)row * K + k0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __ldg(p + i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int t) {
+  return t == 0 ? v.x : t == 1 ? v.y : t == 2 ? v.z : v.w;
+}
+
+// A's registers for MMA (t, h): x holds this lane's 32 K values of one row as four uint4 (uint4 t =
+// elements 8t..8t+7, as bf16 pairs (x0,x1) (x2,x3) (x4,x5) (x6,x7)); -> (x[2h], x[2h+4]), (x[2h+1], x[2h+5]).
+__device__ __forceinline__ void a_pair(uint32_t& even, uint32_t& odd, const uint4& v, int h) {
+  const uint32_t lo = h ? v.y : v.x, hi = h ? v.w : v.z;
+  even = permute(lo, hi, 0x5410u);
+  odd = permute(lo, hi, 0x7632u);
+}
+
+// The eight MMAs of one tile: w = this lane's 16 weight bytes, scales = its two block-scale bytes
+// (elements 0-15, 16-31), xl / xh = x rows g and g + 8 over the same 32 K values.
+template <bool kHighRows>
+__device__ __forceinline__ void tile_mma(float (&d)[4], const uint4& w, uint32_t scales, const uint4 (&xl)[4],
+                                         const uint4 (&xh)[4]) {
+  const uint32_t s_lo = scale_pair(scales & 0xFFu), s_hi = scale_pair(scales >> 8);
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const uint32_t wt = word(w, t), s = t < 2 ? s_lo : s_hi;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t a[4] = {0u, 0u, 0u, 0u};
+      a_pair(a[0], a[2], xl[t], h);
+      if (kHighRows) a_pair(a[1], a[3], xh[t], h);
+      const uint32_t b0 = bf16x2_mul(h ? fp4_pair<2>(wt) : fp4_pair<0>(wt), s);
+      const uint32_t b1 = bf16x2_mul(h ? fp4_pair<3>(wt) : fp4_pair<1>(wt), s);
+      mma_bf16(d, a, b0, b1);
+    }
+  }
+}
+
+// Grid (N / 8, K splits); block kWarps warps; warp (blockIdx.y * kWarps + warp) takes every split-th tile.
+template <bool kHighRows>
+__global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv(const __nv_bfloat16* __restrict__ x,
+                                                          const uint8_t* __restrict__ q,
+                                                          const uint8_t* __restrict__ scale,
+                                                          const float* __restrict__ s2, float* __restrict__ y,
+                                                          int M, int N, int K) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int n0 = blockIdx.x * 8, tiles = K / kTileK, split = gridDim.y * kWarps;
+  const uint8_t* w_lane = q + (size_t)(n0 + g) * (K / 2) + 16 * c;    // + 64 per tile
+  const uint8_t* s_lane = scale + (size_t)(n0 + g) * (K / 16) + 2 * c;  // + 8 per tile
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  int kt = blockIdx.y * kWarps + warp;
+  uint4 w_next = make_uint4(0, 0, 0, 0);
+  uint32_t s_next = 0;
+  if (kt < tiles) {
+    w_next = load_stream(w_lane + (size_t)kt * 64);
+    s_next = *reinterpret_cast<const uint16_t*>(s_lane + (size_t)kt * 8);
+  }
+  for (; kt < tiles; kt += split) {
+    const uint4 w = w_next;
+    const uint32_t s = s_next;
+    if (kt + split < tiles) {  // the next tile's weights are in flight while this one computes
+      w_next = load_stream(w_lane + (size_t)(kt + split) * 64);
+      s_next = *reinterpret_cast<const uint16_t*>(s_lane + (size_t)(kt + split) * 8);
+    }
+    const int k0 = kt * kTileK + 32 * c;
+    uint4 xl[4], xh[4];
+    load_x(xl, x, g, M, K, k0);
+    if (kHighRows) load_x(xh, x, g + 8, M, K, k0);
+    tile_mma<kHighRows>(d, w, s, xl, xh);
+  }
+  // the block's warps hold partial sums of the same 16 x 8 tile: add them, then one store (or atomic add)
+  __shared__ float partial[kWarps][4][32];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) partial[warp][i][lane] = d[i];
+  __syncthreads();
+  if (warp != 0) return;
+  const float out_scale = s2[0] * 0x1p26f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += partial[w][i][lane];
+    const int row = g + 8 * (i >> 1), col = n0 + 2 * c + (i & 1);  // the m16n8 accumulator layout
+    if (row < M) {
+      if (gridDim.y == 1) y[(size_t)row * N + col] = v * out_scale;
+      else atomicAdd(y + (size_t)row * N + col, v * out_scale);
+    }
+  }
+}
+
+}  // namespace ninfer_sm90
+
+// y must be zeroed by the caller when k_splits > 1. Returns the launch's error code.
+int ninfer_nvfp4_gemv_sm90(const void* x, const void* q, const void* scale, const float* s2, float* y, int M, int N,
+                           int K, int k_splits, cudaStream_t stream) {
+  const dim3 grid(N / 8, k_splits), block(ninfer_sm90::kWarps * 32);
+  if (M > 8)
+    ninfer_sm90::nvfp4_gemv<true><<<grid, block, 0, stream>>>(static_cast<const __nv_bfloat16*>(x),
+                                                              static_cast<const uint8_t*>(q),
+                                                              static_cast<const uint8_t*>(scale), s2, y, M, N, K);
+  else
+    ninfer_sm90::nvfp4_gemv<false><<<grid, block, 0, stream>>>(static_cast<const __nv_bfloat16*>(x),
+                                                               static_cast<const uint8_t*>(q),
+                                                               static_cast<const uint8_t*>(scale), s2, y, M, N, K);
+  return static_cast<int>(cudaGetLastError());
+}

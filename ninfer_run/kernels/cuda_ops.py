@@ -1,0 +1,78 @@
+"""The CUDA C++ kernels (csrc/*.cu) as one torch extension, JIT-built on first use on a Hopper GPU.
+
+Built with torch.utils.cpp_extension into a cache directory keyed by the sources, torch and CUDA
+versions (NINFER_CACHE, else ~/.cache/ninfer), so a machine compiles once. CPU installs and GPUs
+the sm_90a code cannot run on never build it; a failed build (no nvcc, say) warns once and the
+callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off.
+
+  nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16): csrc/nvfp4_gemv_sm90.cu; its
+               reference is nvfp4_linear.reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("ops.cpp", "nvfp4_gemv_sm90.cu")
+CUDA_FLAGS = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo"]
+TILE_K = 128  # K per warp tile of nvfp4_gemv
+WARPS = 4  # warps per block of nvfp4_gemv
+
+
+def _build_dir() -> Path:
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        digest.update((CSRC / name).read_bytes())
+    digest.update(" ".join(CUDA_FLAGS).encode())
+    root = Path(os.environ.get("NINFER_CACHE", Path.home() / ".cache" / "ninfer"))
+    path = root / "torch_ext" / f"torch{torch.__version__}-cu{torch.version.cuda}-{digest.hexdigest()[:16]}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@functools.cache
+def available() -> bool:
+    """True once the extension is loaded (torch.ops.ninfer.*); False where it cannot run here."""
+    if os.environ.get("NINFER_CUDA_KERNELS", "1") == "0" or not torch.cuda.is_available():
+        return False
+    if torch.cuda.get_device_capability() != (9, 0):
+        return False  # sm_90a code (Hopper); the RTX 5090's kernels are csrc/nvfp4_mma_sm120a.cu
+    from torch.utils.cpp_extension import load
+
+    try:
+        load(name="ninfer_cuda_ops", sources=[str(CSRC / s) for s in SOURCES], extra_cuda_cflags=CUDA_FLAGS,
+             extra_cflags=["-O3"], build_directory=str(_build_dir()), is_python_module=False)
+    except Exception as err:  # noqa: BLE001 - any build failure leaves the Triton kernels in charge
+        warnings.warn(f"CUDA kernels not built ({err}); using the Triton kernels", stacklevel=2)
+        return False
+    return True
+
+
+def nvfp4_gemv_fits(x: torch.Tensor, n: int) -> bool:
+    """Whether nvfp4_gemv takes these rows: bf16, 1..16 of them, K % 128 == 0, N % 8 == 0."""
+    m, k = x.shape
+    return x.dtype == torch.bfloat16 and 1 <= m <= 16 and k % TILE_K == 0 and n % 8 == 0 and available()
+
+
+def k_splits(n: int, k: int, device: torch.device) -> int:
+    """Blocks along K per 8 output columns: enough blocks (about 8 per multiprocessor) for the weight
+    reads of a thin matrix to fill the GPU, but at least one tile per warp."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min((k // TILE_K) // WARPS, round(sms * 8 / (n // 8))))
+
+
+def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale) -> torch.Tensor:
+    """x [M <= 16, K] bf16 -> y [M, N] float32, as nvfp4_linear.reference computes it."""
+    n, k = qweight.shape[0], x.shape[1]
+    splits = k_splits(n, k, x.device)
+    y = (torch.zeros if splits > 1 else torch.empty)(x.shape[0], n, dtype=torch.float32, device=x.device)
+    s2 = global_scale.reshape(1).to(device=x.device, dtype=torch.float32)
+    torch.ops.ninfer.nvfp4_gemv(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, splits)
+    return y
