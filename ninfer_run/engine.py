@@ -2,8 +2,9 @@
 
 One `step()` admits waiting requests (up to --max-concurrency, expiring those that waited longer
 than --pending-timeout-ms), then advances every running sequence by one prefill chunk or one
-decode token. Sequences in plain decode share one batched forward per step (`decode_batch`: the
-weights are read once for all of them); prefill chunks and speculative steps run per sequence.
+decode token. Sequences in plain decode share one batched forward per step (the weights are read
+once for all of them): `decode_batch`, or on CUDA a captured graph per batch-size bucket (graphs.py);
+prefill chunks and speculative steps run per sequence.
 Finished sequences leave a prefix-cache frontier. Cancellation frees a sequence's blocks at once.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .graphs import GraphedDecoder
 from .kv.pool import BlockPool, KVLayout, PoolExhausted
 from .kv.prefix import PrefixCache
 from .sampling import SamplingParams, sample, target_probs
@@ -113,6 +115,7 @@ class EngineConfig:
     block_size: int = 64  # KV pool block, tokens
     max_frontiers: int = 32  # prefix-cache frontiers kept (each holds a GDN state snapshot)
     batched_decode: bool = True  # sequences in plain decode share one forward per step (weights read once)
+    cuda_graphs: bool | None = None  # plain decode through captured graphs (graphs.py); None: on CUDA only
 
 
 def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
@@ -124,13 +127,19 @@ def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.
     layout = KVLayout(len(layers), c.num_kv_heads, c.head_dim, config.block_size, config.kv_dtype)
     recurrent = "linear_attention" in getattr(c, "layer_types", ())
     device = model.device  # the KV pools live beside the weights
-    cache = PrefixCache(BlockPool.for_context(layout, config.max_context, device), layers, recurrent,
-                        config.max_frontiers)
+    graphs = config.cuda_graphs if config.cuda_graphs is not None else device.type == "cuda"
+    # a graphed decode reserves one block for its padding rows: the pool gets it on top of --max-context
+    blocks = -(-config.max_context // layout.block_size) + (1 if graphs else 0)
+    pool = BlockPool(layout, blocks, device)
+    cache = PrefixCache(pool, layers, recurrent, config.max_frontiers)
     mtp_pool = None
     if config.draft_tokens:
         mtp_layout = KVLayout(1, c.num_kv_heads, c.head_dim, config.block_size, config.kv_dtype)
         mtp_pool = BlockPool.for_context(mtp_layout, config.max_context, device)
-    return Engine(model, cache, config, clock, mtp_pool, media)
+    engine = Engine(model, cache, config, clock, mtp_pool, media)
+    if graphs:
+        engine.graphs = GraphedDecoder(model, pool, layers, config.max_concurrency, model.dtype)
+    return engine
 
 
 class Engine:
@@ -147,6 +156,7 @@ class Engine:
         self._listeners: dict[str, Callable[[Result], None]] = {}
         self.on_finish: list[Callable[[Result], None]] = []  # observers of every finished result (metrics)
         self._ids = itertools.count(1)
+        self.graphs: GraphedDecoder | None = None  # set by build_engine where decode steps are captured
 
     # -- requests ------------------------------------------------------------------------------
     def submit(self, request: Request) -> Result:
@@ -272,8 +282,10 @@ class Engine:
         self._notify(res)
 
     def _plain_decode(self, run: _Running) -> bool:
-        """Past its prompt and first token, without speculative decoding: it can join a batched forward."""
-        return run.drafter is None and run.result.first_token is not None
+        """Past its prompt and first token, without speculative decoding: it can join a batched forward
+        (a graphed one unless its prompt has images)."""
+        return (run.drafter is None and run.result.first_token is not None
+                and (self.graphs is None or self.graphs.supports(run.state)))
 
     def _decode_batch(self, runs: list[_Running]) -> None:
         """One forward for the next token of every run (each attends over its own KV and state)."""
@@ -286,8 +298,11 @@ class Engine:
                 self._fail(run, e)
         if not ready:
             return
-        logits = self.model.decode_batch(torch.tensor([run.result.tokens[-1] for run in ready]),
-                                         [run.state for run in ready])
+        tokens, states = [run.result.tokens[-1] for run in ready], [run.state for run in ready]
+        if self.graphs is not None:
+            logits = self.graphs.decode(tokens, states)
+        else:
+            logits = self.model.decode_batch(torch.tensor(tokens), states)
         for run, row in zip(ready, logits):
             self._emit(run, [sample(target_probs(row, run.request.params), run.generator)], fed=1)
 
@@ -298,8 +313,8 @@ class Engine:
     def step(self) -> None:
         self._admit()
         batch = [run for run in self.running if self._plain_decode(run)] if self.config.batched_decode else []
-        if len(batch) < 2:
-            batch = []  # one sequence takes the plain path
+        if len(batch) < 2 and self.graphs is None:
+            batch = []  # one sequence takes the plain path (unless steps are graphed)
         self._decode_batch(batch)
         done = {id(run) for run in batch}
         for run in list(self.running):
@@ -342,6 +357,8 @@ class Engine:
             run.state.kv.release()
         if run.drafter is not None:
             run.drafter.state.kv.release()
+        if self.graphs is not None:
+            self.graphs.release(run.state)
         self._finish_result(run.result, reason)
 
     def counters(self) -> dict:

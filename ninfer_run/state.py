@@ -47,12 +47,21 @@ class PagedKV:
         # attention through the Triton kernel, reading the INT8 blocks in place (a CUDA pool)
         self.kernel = pool.k.is_cuda and pool.layout.dtype == "int8"
 
+    def reserve(self, length: int) -> None:
+        """Grow the block table to hold `length` tokens."""
+        need = -(-length // self.pool.layout.block_size) - len(self.blocks)
+        if need > 0:
+            self.blocks += self.pool.allocate(need)
+
+    def slot(self, position: int) -> int:
+        """The pool's flat slot (block * block_size + offset) of a position the table holds."""
+        bs = self.pool.layout.block_size
+        return self.blocks[position // bs] * bs + position % bs
+
     def _write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> int:
         """Store k/v at positions start.. (growing the block table as needed); -> the new length."""
         end = start + k.shape[0]
-        need = -(-end // self.pool.layout.block_size) - len(self.blocks)
-        if need > 0:
-            self.blocks += self.pool.allocate(need)
+        self.reserve(end)
         self.pool.write(self.layers[layer], self.blocks, start, k, v)
         return end
 
@@ -125,13 +134,84 @@ class SequenceState:
         self.last_forward = keep
 
 
+class GDNSlab:
+    """Gated DeltaNet states of up to `slots` decoding sequences, per layer in one tensor each
+    (conv [slots, K-1, C], recurrent [slots, Hv, Dk, Dv]): a captured decode step gathers its rows'
+    states by slot index and writes them back in place. A sequence's SequenceState.conv/recurrent
+    entries are views of its slot while it decodes that way."""
+
+    def __init__(self, shapes: dict[int, tuple[tuple[int, ...], torch.dtype, tuple[int, ...]]], slots: int, device):
+        self.conv = {i: torch.zeros(slots, *c, dtype=dt, device=device) for i, (c, dt, _) in shapes.items()}
+        self.recurrent = {i: torch.zeros(slots, *r, dtype=torch.float32, device=device) for i, (_, _, r) in shapes.items()}
+
+    def attach(self, state: SequenceState, slot: int) -> None:
+        """Make `state`'s GDN entries views of `slot`, copying in whatever they held (a fresh prefill,
+        a rollback or a restored prefix replaced them); entries that already are those views stay."""
+        for i in self.conv:
+            for held, slab in ((state.conv, self.conv[i]), (state.recurrent, self.recurrent[i])):
+                view = slab[slot]
+                current = held.get(i)
+                if current is None or current.data_ptr() != view.data_ptr():
+                    view.copy_(current) if current is not None else view.zero_()
+                    held[i] = view
+
+    def detach(self, state: SequenceState, slot: int) -> None:
+        """Give `state` its own copies again (its slot is about to serve another sequence)."""
+        for i in self.conv:
+            for held, slab in ((state.conv, self.conv[i]), (state.recurrent, self.recurrent[i])):
+                if i in held and held[i].data_ptr() == slab[slot].data_ptr():
+                    held[i] = held[i].clone()
+
+
+class StaticBatch:
+    """The rows of a CUDA-graph decode step: one token for each of `size` sequences, everything the
+    forward reads held in fixed device buffers that graphs.GraphedDecoder fills before each replay.
+    The model's layers call it through the same functions as a list of segments (rope_positions,
+    attend, advance) and the GDN layers through `gdn_states` / `store_gdn_states`."""
+
+    def __init__(self, size: int, pool: BlockPool, layers: dict[int, int], slab: GDNSlab | None, device):
+        self.size, self.pool, self.layers, self.slab = size, pool, layers, slab
+        long = dict(dtype=torch.long, device=device)
+        self.tokens = torch.zeros(size, **long)
+        self.positions = torch.zeros(size, **long)  # RoPE positions
+        self.kv_slots = torch.zeros(size, **long)  # flat pool slot of each row's new K/V
+        self.state_slots = torch.zeros(size, **long)  # GDN slab slot of each row
+        self.lens = torch.zeros(size, dtype=torch.int32, device=device)  # tokens after this step
+        self.tables = torch.zeros(size, pool.num_blocks, dtype=torch.int32, device=device)  # block tables
+
+    def attend(self, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        layer = self.layers[key]
+        self.pool.write_slots(layer, self.kv_slots, k, v)
+        if self.pool.k.is_cuda and self.pool.layout.dtype == "int8":
+            from .kernels.paged_attention import paged_attention
+
+            return paged_attention(q[:, None], self.pool, layer, self.tables, self.lens)[:, 0].to(q.dtype)
+        out = []  # the reference path (CPU: nothing is captured there, so host values may be read)
+        for row, (length, table) in enumerate(zip(self.lens.tolist(), self.tables.tolist())):
+            keys, values = self.pool.read(layer, table, length, q.dtype)
+            out.append(causal_attention(q[row : row + 1], keys, values, q_offset=length - 1))
+        return torch.cat(out)
+
+    def gdn_states(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(conv windows [B, K-1, C], recurrent states [B, Hv, Dk, Dv]) of the rows, gathered."""
+        return (self.slab.conv[layer].index_select(0, self.state_slots),
+                self.slab.recurrent[layer].index_select(0, self.state_slots))
+
+    def store_gdn_states(self, layer: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        self.slab.conv[layer].index_copy_(0, self.state_slots, conv)
+        self.slab.recurrent[layer].index_copy_(0, self.state_slots, recurrent)
+
+
 # A forward's rows by sequence, in row order: one sequence's T new tokens ([(state, T)]), or one
-# decode token for each of B sequences ([(s1, 1), ..., (sB, 1)]) so that the weights are read once.
-Segments = list[tuple[SequenceState, int]]
+# decode token for each of B sequences ([(s1, 1), ..., (sB, 1)]) so that the weights are read once;
+# or a StaticBatch (a captured decode step: its buffers say which sequences).
+Segments = list[tuple[SequenceState, int]] | StaticBatch
 
 
 def rope_positions(segments: Segments) -> torch.Tensor:
     """Positions of every row: [rows], or [3, rows] (M-RoPE) when any sequence has images."""
+    if isinstance(segments, StaticBatch):
+        return segments.positions
     parts = [state.rope_positions(n) for state, n in segments]
     if len(parts) == 1:
         return parts[0]
@@ -151,10 +231,15 @@ def per_sequence(segments: Segments, fn, *tensors: torch.Tensor) -> torch.Tensor
 
 def attend(segments: Segments, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Each sequence's rows attend over its own KV (stored at its positions first)."""
+    if isinstance(segments, StaticBatch):
+        return segments.attend(key, q, k, v)
     return per_sequence(segments, lambda state, q, k, v: state.kv.attend(key, state.length, q, k, v), q, k, v)
 
 
 def advance(segments: Segments) -> None:
+    """Count the rows' tokens as held (a StaticBatch's sequences are advanced by its decoder, on the host)."""
+    if isinstance(segments, StaticBatch):
+        return
     for state, n in segments:
         state.length += n
         state.last_forward = n

@@ -127,6 +127,7 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
     results = [engine.submit(Request(_prompt(prompt, model.cfg.vocab_size, seed + i), max_tokens=new_tokens,
                                      params=GREEDY)) for i in range(concurrency)]
     engine.step()  # admission + the whole prompt (one chunk) + the first token of every sequence
+    engine.step()  # the first decode step: a graphed engine captures its batch size's graph here
     _sync()
     start_tokens, t0 = sum(len(r.tokens) for r in results), time.perf_counter()
     if profile_to is None:

@@ -61,18 +61,26 @@ def nvfp4_gemv_fits(x: torch.Tensor, n: int) -> bool:
     return x.dtype == torch.bfloat16 and 1 <= m <= 16 and k % TILE_K == 0 and n % 8 == 0 and available()
 
 
-def k_splits(n: int, k: int, device: torch.device) -> int:
-    """Blocks along K per 8 output columns: enough blocks (about 8 per multiprocessor) for the weight
-    reads of a thin matrix to fill the GPU, but at least one tile per warp."""
+def n_tiles(n: int, device: torch.device) -> int:
+    """8-column tiles per warp (1, 2 or 4): more share each x fragment and keep more weight bytes in
+    flight, while N / (8 * tiles) blocks still cover every multiprocessor twice."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min((k // TILE_K) // WARPS, round(sms * 8 / (n // 8))))
+    return next(t for t in (4, 2, 1) if t == 1 or (n % (8 * t) == 0 and n // (8 * t) >= 2 * sms))
 
 
-def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale) -> torch.Tensor:
-    """x [M <= 16, K] bf16 -> y [M, N] float32, as nvfp4_linear.reference computes it."""
+def k_splits(n: int, k: int, tiles: int, device: torch.device) -> int:
+    """Blocks along K per column group: enough blocks (about 8 per multiprocessor) for the weight
+    reads of a thin matrix to fill the GPU, but at least one K tile per warp."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min((k // TILE_K) // WARPS, round(sms * 8 / (n // (8 * tiles)))))
+
+
+def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, tiles: int | None = None) -> torch.Tensor:
+    """x [M <= 16, K] bf16 -> y [M, N] float32, as nvfp4_linear.reference computes it. `tiles`: see n_tiles."""
     n, k = qweight.shape[0], x.shape[1]
-    splits = k_splits(n, k, x.device)
+    tiles = tiles or n_tiles(n, x.device)
+    splits = k_splits(n, k, tiles, x.device)
     y = (torch.zeros if splits > 1 else torch.empty)(x.shape[0], n, dtype=torch.float32, device=x.device)
     s2 = global_scale.reshape(1).to(device=x.device, dtype=torch.float32)
-    torch.ops.ninfer.nvfp4_gemv(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, splits)
+    torch.ops.ninfer.nvfp4_gemv(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, splits, tiles)
     return y

@@ -94,7 +94,15 @@ class BlockPool:
 
     def write(self, layer: int, blocks: list[int], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k/v [T, H, D] for positions start..start+T-1 of a sequence with this block table."""
-        b, s = self._slots(blocks, start, k.shape[0])
+        self._store(layer, *self._slots(blocks, start, k.shape[0]), k, v)
+
+    def write_slots(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store row i of k/v [R, H, D] at flat slot slots[i] (block * block_size + offset), a device
+        tensor: no host value is read, so a CUDA graph can capture the write."""
+        bs = self.layout.block_size
+        self._store(layer, slots // bs, slots % bs, k, v)
+
+    def _store(self, layer: int, b: torch.Tensor, s: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.layout.dtype == "int8":
             (kq, ks), (vq, vs) = quantize_kv(k), quantize_kv(v)
             self.k[layer, b, s], self.k_scale[layer, b, s] = kq, ks

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..layers import linear
-from ..state import Segments, SequenceState
+from ..state import Segments, SequenceState, StaticBatch
 
 
 class CausalLM:
@@ -27,3 +27,11 @@ class CausalLM:
         if any(state.keep_steps for state in states):
             raise ValueError("batched decode is for sequences without speculative decoding")
         return linear(self._run(tokens, [(state, 1) for state in states]), self.lm_head)
+
+    def decode_static(self, batch: StaticBatch) -> torch.Tensor:
+        """One token of each row of `batch` (graphs.GraphedDecoder captures this) -> logits [B, V]."""
+        return linear(self._run(batch.tokens, batch), self.lm_head)
+
+    def gdn_state_shapes(self, dtype: torch.dtype) -> dict:
+        """GDN layers' per-sequence state shapes (see qwen3_5); none in a model without them."""
+        return {}

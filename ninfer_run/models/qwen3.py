@@ -39,6 +39,11 @@ class Model(CausalLM):
         self.w = weights
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (the embedding table's)."""
+        return self.w["model.embed_tokens.weight"].dtype
+
+    @property
     def device(self) -> torch.device:
         return self.w["model.embed_tokens.weight"].device
 

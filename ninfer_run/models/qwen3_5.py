@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates
 from ..layers import apply_rope, gated_rms_norm, linear, rms_norm, rope_cos_sin, swiglu_mlp
-from ..state import Segments, SequenceState, advance, attend, per_sequence, rope_positions
+from ..state import Segments, SequenceState, StaticBatch, advance, attend, per_sequence, rope_positions
 from .base import CausalLM
 
 
@@ -82,7 +82,10 @@ class Model(CausalLM):
         z = linear(x, self._p(p + "in_proj_z.weight")).view(t, c.v_heads, c.v_dim)
         g, beta = gates(linear(x, self._p(p + "in_proj_a.weight")), linear(x, self._p(p + "in_proj_b.weight")),
                         self._p(p + "A_log"), self._p(p + "dt_bias"))
-        if len(segments) > 1 and all(n == 1 for _, n in segments):
+        if isinstance(segments, StaticBatch):
+            out, conv, recurrent = self._gdn_step(i, qkv, g, beta, *segments.gdn_states(i))
+            segments.store_gdn_states(i, conv, recurrent)
+        elif len(segments) > 1 and all(n == 1 for _, n in segments):
             out = self._gdn_decode_batch(i, qkv, g, beta, [state for state, _ in segments])
         else:
             out = per_sequence(segments, lambda state, *rows: self._gdn_sequence(i, *rows, state), qkv, g, beta)
@@ -119,17 +122,21 @@ class Model(CausalLM):
 
     def _gdn_decode_batch(self, i: int, qkv, g, beta, states: list[SequenceState]) -> torch.Tensor:
         """One token of each of B sequences: their conv windows and recurrent states stacked, one step."""
-        k = self.cfg.conv_kernel
-        zeros = torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype, device=qkv.device)
-        padded = torch.cat((torch.stack([st.conv.get(i, zeros) for st in states]), qkv[:, None]), dim=1)  # [B, K, C]
+        zeros = torch.zeros(self.cfg.conv_kernel - 1, qkv.shape[1], dtype=qkv.dtype, device=qkv.device)
+        zero = self._zero_state(qkv.device)
+        out, conv, recurrent = self._gdn_step(i, qkv, g, beta, torch.stack([st.conv.get(i, zeros) for st in states]),
+                                              torch.stack([st.recurrent.get(i, zero) for st in states]))
+        for b, st in enumerate(states):
+            st.conv[i], st.recurrent[i] = conv[b], recurrent[b]
+        return out
+
+    def _gdn_step(self, i: int, qkv, g, beta, windows: torch.Tensor, recurrent: torch.Tensor):
+        """One token per row: conv windows [B, K-1, C] and states [B, Hv, Dk, Dv] -> (out, new windows, new states)."""
+        padded = torch.cat((windows, qkv[:, None]), dim=1)  # [B, K, C]
         weight = self._conv_weight(i, padded.dtype)
         conv = F.silu(F.conv1d(padded.transpose(1, 2), weight, groups=weight.shape[0])[..., 0])
-        zero = self._zero_state(qkv.device)
-        out, new = gated_delta_step(*self._split_heads(conv), g, beta,
-                                    torch.stack([st.recurrent.get(i, zero) for st in states]))
-        for b, st in enumerate(states):
-            st.conv[i], st.recurrent[i] = padded[b, 1:], new[b]
-        return out
+        out, new = gated_delta_step(*self._split_heads(conv), g, beta, recurrent)
+        return out, padded[:, 1:], new
 
     def _attention(self, w, x: torch.Tensor, key: int, segments: Segments) -> torch.Tensor:
         """Gated full attention; `w(name)` looks up this layer's tensors, `key` names its KV slot."""
@@ -159,7 +166,7 @@ class Model(CausalLM):
         c = self.cfg
         embed = self._p("embed_tokens.weight")
         x = F.embedding(tokens.to(embed.device), embed)
-        if len(segments) == 1:  # prompts with images are prefilled one sequence at a time
+        if isinstance(segments, list) and len(segments) == 1:  # prompts with images: one sequence at a time
             images = segments[0][0].image_embeddings(tokens.shape[0])
             if images is not None:
                 x[images[0].to(x.device)] = images[1].to(x.device, x.dtype)
@@ -192,9 +199,21 @@ class Model(CausalLM):
         d = rms_norm(u, w["mtp.norm.weight"], c.eps, 1.0)
         return d, linear(d, self.lm_head)
 
+    def gdn_state_shapes(self, dtype: torch.dtype) -> dict[int, tuple[tuple[int, ...], torch.dtype, tuple[int, ...]]]:
+        """Per GDN layer: (conv window shape, its dtype, recurrent state shape) of one sequence."""
+        c = self.cfg
+        channels = 2 * c.k_heads * c.k_dim + c.v_heads * c.v_dim
+        return {i: ((c.conv_kernel - 1, channels), dtype, (c.v_heads, c.k_dim, c.v_dim))
+                for i, kind in enumerate(c.layer_types) if kind == "linear_attention"}
+
     def kv_layers(self) -> list[int]:
         """Keys of the layers that keep KV (the full-attention layers)."""
         return [i for i, kind in enumerate(self.cfg.layer_types) if kind == "full_attention"]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (the embedding table's)."""
+        return self._p("embed_tokens.weight").dtype
 
     @property
     def device(self) -> torch.device:

@@ -96,9 +96,10 @@ __device__ __forceinline__ void a_pair(uint32_t& even, uint32_t& odd, const uint
 }
 
 // The eight MMAs of one tile: w = this lane's 16 weight bytes, scales = its two block-scale bytes
-// (elements 0-15, 16-31), xl / xh = x rows g and g + 8 over the same 32 K values.
+// (elements 0-15, 16-31), xl / xh = x rows g and g + 8 over the same 32 K values. MMAs of even and odd
+// words go to two accumulators (d[0], d[1]): two dependency chains instead of one of eight.
 template <bool kHighRows>
-__device__ __forceinline__ void tile_mma(float (&d)[4], const uint4& w, uint32_t scales, const uint4 (&xl)[4],
+__device__ __forceinline__ void tile_mma(float (&d)[2][4], const uint4& w, uint32_t scales, const uint4 (&xl)[4],
                                          const uint4 (&xh)[4]) {
   const uint32_t s_lo = scale_pair(scales & 0xFFu), s_hi = scale_pair(scales >> 8);
 #pragma unroll
@@ -111,76 +112,103 @@ __device__ __forceinline__ void tile_mma(float (&d)[4], const uint4& w, uint32_t
       if (kHighRows) a_pair(a[1], a[3], xh[t], h);
       const uint32_t b0 = bf16x2_mul(h ? fp4_pair<2>(wt) : fp4_pair<0>(wt), s);
       const uint32_t b1 = bf16x2_mul(h ? fp4_pair<3>(wt) : fp4_pair<1>(wt), s);
-      mma_bf16(d, a, b0, b1);
+      mma_bf16(d[t & 1], a, b0, b1);
     }
   }
 }
 
-// Grid (N / 8, K splits); block kWarps warps; warp (blockIdx.y * kWarps + warp) takes every split-th tile.
-template <bool kHighRows>
+// Grid (N / (8 kTiles), K splits); block kWarps warps; warp (blockIdx.y * kWarps + warp) takes every
+// split-th 128-K tile of kTiles n-tiles (8 columns each; the x fragments are loaded once for all).
+template <bool kHighRows, int kTiles>
 __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv(const __nv_bfloat16* __restrict__ x,
                                                           const uint8_t* __restrict__ q,
                                                           const uint8_t* __restrict__ scale,
                                                           const float* __restrict__ s2, float* __restrict__ y,
                                                           int M, int N, int K) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int n0 = blockIdx.x * 8, tiles = K / kTileK, split = gridDim.y * kWarps;
-  const uint8_t* w_lane = q + (size_t)(n0 + g) * (K / 2) + 16 * c;    // + 64 per tile
-  const uint8_t* s_lane = scale + (size_t)(n0 + g) * (K / 16) + 2 * c;  // + 8 per tile
-  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  const int n0 = blockIdx.x * 8 * kTiles, tiles = K / kTileK, split = gridDim.y * kWarps;
+  const uint8_t* w_lane[kTiles];
+  const uint8_t* s_lane[kTiles];
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    w_lane[j] = q + (size_t)(n0 + 8 * j + g) * (K / 2) + 16 * c;    // + 64 per tile
+    s_lane[j] = scale + (size_t)(n0 + 8 * j + g) * (K / 16) + 2 * c;  // + 8 per tile
+  }
+  float d[kTiles][2][4] = {};
   int kt = blockIdx.y * kWarps + warp;
-  uint4 w_next = make_uint4(0, 0, 0, 0);
-  uint32_t s_next = 0;
-  if (kt < tiles) {
-    w_next = load_stream(w_lane + (size_t)kt * 64);
-    s_next = *reinterpret_cast<const uint16_t*>(s_lane + (size_t)kt * 8);
+  uint4 w_next[kTiles];
+  uint32_t s_next[kTiles];
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    w_next[j] = make_uint4(0, 0, 0, 0);
+    s_next[j] = 0;
+    if (kt < tiles) {
+      w_next[j] = load_stream(w_lane[j] + (size_t)kt * 64);
+      s_next[j] = *reinterpret_cast<const uint16_t*>(s_lane[j] + (size_t)kt * 8);
+    }
   }
   for (; kt < tiles; kt += split) {
-    const uint4 w = w_next;
-    const uint32_t s = s_next;
-    if (kt + split < tiles) {  // the next tile's weights are in flight while this one computes
-      w_next = load_stream(w_lane + (size_t)(kt + split) * 64);
-      s_next = *reinterpret_cast<const uint16_t*>(s_lane + (size_t)(kt + split) * 8);
+    uint4 w[kTiles];
+    uint32_t s[kTiles];
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      w[j] = w_next[j];
+      s[j] = s_next[j];
+      if (kt + split < tiles) {  // the next tile's weights are in flight while this one computes
+        w_next[j] = load_stream(w_lane[j] + (size_t)(kt + split) * 64);
+        s_next[j] = *reinterpret_cast<const uint16_t*>(s_lane[j] + (size_t)(kt + split) * 8);
+      }
     }
     const int k0 = kt * kTileK + 32 * c;
     uint4 xl[4], xh[4];
     load_x(xl, x, g, M, K, k0);
     if (kHighRows) load_x(xh, x, g + 8, M, K, k0);
-    tile_mma<kHighRows>(d, w, s, xl, xh);
-  }
-  // the block's warps hold partial sums of the same 16 x 8 tile: add them, then one store (or atomic add)
-  __shared__ float partial[kWarps][4][32];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) partial[warp][i][lane] = d[i];
+    for (int j = 0; j < kTiles; ++j) tile_mma<kHighRows>(d[j], w[j], s[j], xl, xh);
+  }
+  // the block's warps hold partial sums of the same tiles: add them, then one store (or atomic add)
+  __shared__ float partial[kWarps][kTiles][4][32];
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp][j][i][lane] = d[j][0][i] + d[j][1][i];
   __syncthreads();
   if (warp != 0) return;
   const float out_scale = s2[0] * 0x1p26f;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float v = 0.f;
+  for (int j = 0; j < kTiles; ++j)
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += partial[w][i][lane];
-    const int row = g + 8 * (i >> 1), col = n0 + 2 * c + (i & 1);  // the m16n8 accumulator layout
-    if (row < M) {
-      if (gridDim.y == 1) y[(size_t)row * N + col] = v * out_scale;
-      else atomicAdd(y + (size_t)row * N + col, v * out_scale);
+    for (int i = 0; i < 4; ++i) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) v += partial[w][j][i][lane];
+      const int row = g + 8 * (i >> 1), col = n0 + 8 * j + 2 * c + (i & 1);  // the m16n8 accumulator layout
+      if (row < M) {
+        if (gridDim.y == 1) y[(size_t)row * N + col] = v * out_scale;
+        else atomicAdd(y + (size_t)row * N + col, v * out_scale);
+      }
     }
-  }
+}
+
+template <int kTiles>
+void launch(const void* x, const void* q, const void* scale, const float* s2, float* y, int M, int N, int K,
+            int k_splits, cudaStream_t stream) {
+  const dim3 grid(N / (8 * kTiles), k_splits), block(kWarps * 32);
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* qb = static_cast<const uint8_t*>(q);
+  const auto* sb = static_cast<const uint8_t*>(scale);
+  if (M > 8) nvfp4_gemv<true, kTiles><<<grid, block, 0, stream>>>(xb, qb, sb, s2, y, M, N, K);
+  else nvfp4_gemv<false, kTiles><<<grid, block, 0, stream>>>(xb, qb, sb, s2, y, M, N, K);
 }
 
 }  // namespace ninfer_sm90
 
-// y must be zeroed by the caller when k_splits > 1. Returns the launch's error code.
+// y must be zeroed by the caller when k_splits > 1; N % (8 * n_tiles) == 0, n_tiles 1, 2 or 4.
+// Returns the launch's error code.
 int ninfer_nvfp4_gemv_sm90(const void* x, const void* q, const void* scale, const float* s2, float* y, int M, int N,
-                           int K, int k_splits, cudaStream_t stream) {
-  const dim3 grid(N / 8, k_splits), block(ninfer_sm90::kWarps * 32);
-  if (M > 8)
-    ninfer_sm90::nvfp4_gemv<true><<<grid, block, 0, stream>>>(static_cast<const __nv_bfloat16*>(x),
-                                                              static_cast<const uint8_t*>(q),
-                                                              static_cast<const uint8_t*>(scale), s2, y, M, N, K);
-  else
-    ninfer_sm90::nvfp4_gemv<false><<<grid, block, 0, stream>>>(static_cast<const __nv_bfloat16*>(x),
-                                                               static_cast<const uint8_t*>(q),
-                                                               static_cast<const uint8_t*>(scale), s2, y, M, N, K);
+                           int K, int k_splits, int n_tiles, cudaStream_t stream) {
+  if (n_tiles == 4) ninfer_sm90::launch<4>(x, q, scale, s2, y, M, N, K, k_splits, stream);
+  else if (n_tiles == 2) ninfer_sm90::launch<2>(x, q, scale, s2, y, M, N, K, k_splits, stream);
+  else ninfer_sm90::launch<1>(x, q, scale, s2, y, M, N, K, k_splits, stream);
   return static_cast<int>(cudaGetLastError());
 }
