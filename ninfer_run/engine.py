@@ -22,7 +22,7 @@ import torch
 from .graphs import GraphedDecoder
 from .kv.pool import BlockPool, KVLayout, PoolExhausted
 from .kv.prefix import PrefixCache
-from .sampling import SamplingParams, sample, target_probs
+from .sampling import SamplingParams, next_token
 from .spec import MTPDrafter, SpecStats, verify_step
 from .state import PagedKV, SequenceState
 from .vision.media import MediaEncoder
@@ -240,7 +240,7 @@ class Engine:
                 return
             run.logits, run.hidden = logits[-1], hidden
         if run.result.first_token is None:
-            token = sample(target_probs(run.logits, req.params), run.generator)
+            token = next_token(run.logits, req.params, run.generator)
             run.result.first_token = self.clock()
             if run.drafter is not None:
                 start = len(req.prompt) - run.hidden.shape[0]
@@ -251,7 +251,7 @@ class Engine:
         if run.drafter is None:
             self._ensure_room(run, 1)
             _, logits = self.model.forward(torch.tensor([last]), run.state, last_logits=True)
-            self._emit(run, [sample(target_probs(logits[-1], req.params), run.generator)], fed=1)
+            self._emit(run, [next_token(logits[-1], req.params, run.generator)], fed=1)
             return
         n = min(self.config.draft_tokens, req.max_tokens - len(run.result.tokens))
         drafts = run.drafter.propose(n)
@@ -304,7 +304,7 @@ class Engine:
         else:
             logits = self.model.decode_batch(torch.tensor(tokens), states)
         for run, row in zip(ready, logits):
-            self._emit(run, [sample(target_probs(row, run.request.params), run.generator)], fed=1)
+            self._emit(run, [next_token(row, run.request.params, run.generator)], fed=1)
 
     def _fail(self, run: _Running, error: Exception) -> None:
         run.result.error = str(error)

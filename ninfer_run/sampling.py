@@ -51,6 +51,14 @@ def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(p, 1, generator=generator))
 
 
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from a logits row. Greedy is the argmax taken where the logits are (on a GPU only the
+    index crosses to the host, not a vocabulary-sized row); otherwise `sample(target_probs(...))`."""
+    if params.greedy:
+        return int(logits.argmax())
+    return sample(target_probs(logits, params), generator)
+
+
 def accept_or_resample(p: torch.Tensor, draft: int, generator: torch.Generator | None) -> tuple[bool, int]:
     """(True, draft) with probability p[draft]; else (False, a sample from p without draft)."""
     if float(torch.rand((), generator=generator)) < float(p[draft]):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import SamplingParams, accept_or_resample, sample, target_probs
+from .sampling import SamplingParams, accept_or_resample, next_token, sample, target_probs
 from .state import SequenceState
 
 GREEDY = SamplingParams()
@@ -124,7 +124,7 @@ def verify_step(model, state: SequenceState, last: int, drafts: list[int], param
         if not ok:
             break
     else:
-        new.append(sample(target_probs(logits[len(drafts)], params), gen))  # the bonus token
+        new.append(next_token(logits[len(drafts)], params, gen))  # the bonus token
     accepted = len(new) - 1
     state.rollback(accepted + 1)
     state.verified_hidden = hidden[: accepted + 1]

@@ -27,6 +27,7 @@ import argparse
 import gc
 import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -210,16 +211,18 @@ def transformers_peer(config: dict, layer_pattern: list[str], layers: int, prefi
         prefill_s = time.perf_counter() - t0
         cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
         out = model(token, past_key_values=cache, use_cache=True)  # warm-up steps
-        for _ in range(3):
+        for _ in range(7):
             out = model(token, past_key_values=out.past_key_values, use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
-        _sync()
-        t0 = time.perf_counter()
-        for _ in range(new_tokens):
+        steps = []
+        for _ in range(new_tokens):  # each step timed alone: the median ignores a one-off stall
+            _sync()
+            t0 = time.perf_counter()
             out = model(token, past_key_values=out.past_key_values, use_cache=True)
             token = out.logits[:, -1:].argmax(-1)
-        _sync()
-        step_s = (time.perf_counter() - t0) / new_tokens
+            _sync()
+            steps.append(time.perf_counter() - t0)
+        step_s = statistics.median(steps)
     del model, cache, out
     gc.collect()
     torch.cuda.empty_cache() if device == "cuda" else None

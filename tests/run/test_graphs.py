@@ -25,6 +25,16 @@ def _setup(model, max_batch):
     return pool, layers, GraphedDecoder(model, pool, layers, max_batch, model.dtype)
 
 
+def _prefilled_twice(model, pool, layers, prompts):
+    """Two sets of sequences with the same prompts prefilled: one for the eager step, one for the static."""
+    sets = ([SequenceState(kv=PagedKV(pool, layers)) for _ in prompts] for _ in range(2))
+    eager, static = sets
+    for p, a, b in zip(prompts, eager, static):
+        model.forward(torch.tensor(p), a)
+        model.forward(torch.tensor(p), b)
+    return eager, static
+
+
 def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
@@ -38,11 +48,7 @@ def test_static_decode_equals_decode_batch(tiny_model, model_id):
     model = tiny_model(model_id)
     pool, layers, decoder = _setup(model, max_batch=4)
     prompts = _prompts(3, seed=2)  # 3 sequences: the bucket of 4 has a padding row
-    eager = [SequenceState(kv=PagedKV(pool, layers)) for _ in prompts]
-    static = [SequenceState(kv=PagedKV(pool, layers)) for _ in prompts]
-    for p, a, b in zip(prompts, eager, static):
-        model.forward(torch.tensor(p), a)
-        model.forward(torch.tensor(p), b)
+    eager, static = _prefilled_twice(model, pool, layers, prompts)
     tokens = torch.tensor([7, 8, 9])
     for _ in range(20):  # crosses a 16-token block boundary: the tables grow
         want = model.decode_batch(tokens, eager)
@@ -108,11 +114,7 @@ def test_captured_graph_replays_the_eager_step(packed, profile):
     model = load(packed("tiny-qwen3.5", profile), device="cuda", dtype=torch.bfloat16).model
     pool, layers, decoder = _setup(model, max_batch=4)
     prompts = _prompts(3, seed=6)
-    eager = [SequenceState(kv=PagedKV(pool, layers)) for _ in prompts]
-    static = [SequenceState(kv=PagedKV(pool, layers)) for _ in prompts]
-    for p, a, b in zip(prompts, eager, static):
-        model.forward(torch.tensor(p), a)
-        model.forward(torch.tensor(p), b)
+    eager, static = _prefilled_twice(model, pool, layers, prompts)
     tokens = torch.tensor([7, 8, 9])
     for step in range(20):
         n = 3 if step % 2 else 2  # alternate buckets 2 and 4
