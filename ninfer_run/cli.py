@@ -55,6 +55,8 @@ _KV_DTYPE = typer.Option("int8", "--kv-dtype", help="int8 (group-64) | bf16")
 _SPEC = typer.Option(None, "--spec", help="mtp: speculative decoding with the artifact's MTP head")
 _DRAFT_TOKENS = typer.Option(3, "--draft-tokens", help="drafts per step with --spec mtp")
 _MAX_FRONTIERS = typer.Option(32, "--max-frontiers", help="prefix-cache frontiers kept (GDN snapshots)")
+_CUDA_GRAPHS = typer.Option(None, "--cuda-graphs/--no-cuda-graphs",
+                            help="replay plain decode steps from CUDA graphs (default: on with a CUDA device)")
 
 
 def _default_chunk(prefill_chunk: int | None, device: str) -> int:
@@ -100,6 +102,7 @@ def plan(
     spec: str | None = _SPEC,
     draft_tokens: int = _DRAFT_TOKENS,
     max_frontiers: int = _MAX_FRONTIERS,
+    cuda_graphs: bool | None = _CUDA_GRAPHS,
     as_json: bool = typer.Option(False, "--json", help="machine-readable plan"),
 ) -> None:
     """Plan GPU memory for a serving configuration: does it fit, the slack, whether prefix reuse holds
@@ -110,7 +113,7 @@ def plan(
     from .memory import artifact_plan, format_plan, recommend, reuse_holds
 
     config = _engine_config(max_context, max_concurrency, _default_chunk(prefill_chunk, "cuda"), kv_dtype, spec,
-                            draft_tokens, max_frontiers)
+                            draft_tokens, max_frontiers, cuda_graphs=cuda_graphs)
     capacity = _size(gpu_mem)
     media = {"media_cache_mib": media_cache_mib, "media_live_mib": media_live_mib}
     try:
@@ -151,6 +154,7 @@ def serve(
     spec: str | None = _SPEC,
     draft_tokens: int = _DRAFT_TOKENS,
     max_frontiers: int = _MAX_FRONTIERS,
+    cuda_graphs: bool | None = _CUDA_GRAPHS,
     api_key: str | None = typer.Option(None, "--api-key", envvar="NINFER_API_KEY", help="require this key"),
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="model id in the API"),
     device: str = typer.Option("cpu", "--device", help="cpu (pure-torch reference path) or cuda[:N] (GPU kernels)"),
@@ -174,7 +178,8 @@ def serve(
     from .server.app import create_app
 
     config = _engine_config(max_context, max_concurrency, _default_chunk(prefill_chunk, device), kv_dtype, spec,
-                            draft_tokens, max_frontiers, pending_timeout_ms=pending_timeout_ms, max_queued=max_queued_requests)
+                            draft_tokens, max_frontiers, pending_timeout_ms=pending_timeout_ms, max_queued=max_queued_requests,
+                            cuda_graphs=cuda_graphs)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         typer.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
     media = {"media_cache_mib": media_cache_mib, "media_live_mib": media_live_mib}

@@ -128,9 +128,7 @@ def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.
     recurrent = "linear_attention" in getattr(c, "layer_types", ())
     device = model.device  # the KV pools live beside the weights
     graphs = config.cuda_graphs if config.cuda_graphs is not None else device.type == "cuda"
-    # a graphed decode reserves one block for its padding rows: the pool gets it on top of --max-context
-    blocks = -(-config.max_context // layout.block_size) + (1 if graphs else 0)
-    pool = BlockPool(layout, blocks, device)
+    pool = BlockPool.for_context(layout, config.max_context, device)
     cache = PrefixCache(pool, layers, recurrent, config.max_frontiers)
     mtp_pool = None
     if config.draft_tokens:
@@ -214,6 +212,8 @@ class Engine:
                 # the head's KV lives in the same pool; it starts at the end of a reused prefix
                 drafter = MTPDrafter(self.model, PagedKV(self.mtp_pool, {-1: 0}), position_offset=cached)
                 drafter.state.mm = req.mm
+            if self.graphs is not None:
+                self.graphs.attach(state)  # its GDN state lives in the decode graphs' slab from now on
             self.running.append(_Running(req, res, state, cached, generator=gen, drafter=drafter))
             self._notify(res)  # admitted: cached_tokens is known
 

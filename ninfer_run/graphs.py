@@ -1,11 +1,11 @@
-"""CUDA Graphs for plain decode: one captured forward per batch-size bucket, replayed every step.
+"""CUDA Graphs for plain decode: one captured forward per batch size, replayed every step.
 
 A decode step of the 27B launches thousands of small kernels; launched one by one from Python the
-host, not the GPU, sets the pace. Captured once per bucket (1, 2, 4, 8, ... up to the concurrency),
-a step becomes: fill the bucket's StaticBatch buffers from the host (tokens, RoPE positions, each
-row's KV slot, block table and length, GDN slab slot; one pinned buffer, two copies), replay, read
-the logits. Rows past the live sequences are padding: they write their K/V into a block reserved for
-them and use a spare GDN slot, so they touch no sequence's state.
+host, not the GPU, sets the pace. Captured once per batch size (1 .. --max-concurrency, each on
+first use), a step becomes: fill that size's StaticBatch buffers from the host (tokens, RoPE
+positions, each row's KV slot, block table and length, GDN slab slot; pinned buffers, six small
+copies), replay, read the logits. Every size has its own graph, so no row is padding and no KV
+block or GDN state has to be set aside for padding rows.
 
 Sequences with images (M-RoPE positions) or speculative decoding (per-token rollback states) keep
 the eager path. On a CPU nothing is captured: `decode` runs the same static forward eagerly, which
@@ -20,19 +20,10 @@ from .kv.pool import BlockPool
 from .state import GDNSlab, SequenceState, StaticBatch
 
 
-def buckets(max_batch: int) -> list[int]:
-    """Captured batch sizes: powers of two below max_batch, then max_batch."""
-    sizes, b = [], 1
-    while b < max_batch:
-        sizes.append(b)
-        b *= 2
-    return sizes + [max_batch]
-
-
 class _Bucket:
     """One batch size: its static buffers, the pinned host image of them, and (on CUDA) its graph."""
 
-    def __init__(self, batch: StaticBatch, pad_block: int, pad_slot: int):
+    def __init__(self, batch: StaticBatch):
         self.batch = batch
         b, width = batch.size, batch.tables.shape[1]
         pin = batch.tokens.is_cuda
@@ -40,27 +31,18 @@ class _Bucket:
         self.table = torch.zeros(b, width, dtype=torch.int32, pin_memory=pin)
         self.lens = torch.zeros(b, dtype=torch.int32, pin_memory=pin)
         self.owners: list[tuple[int, list[int]] | None] = [None] * b  # (id(state), its table as written) per row
-        self.pad_block, self.pad_slot = pad_block, pad_slot
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
     def stage(self, tokens: list[int], states: list[SequenceState], slots: list[int]) -> None:
         """Write the step's rows into the host image and copy it to the device buffers."""
-        bs = self.batch.pool.layout.block_size
-        for row in range(self.batch.size):
-            if row < len(states):
-                st, length = states[row], states[row].length
-                blocks = st.kv.blocks
-                self.meta[:, row] = torch.tensor([tokens[row], length + st.position_offset, st.kv.slot(length),
-                                                  slots[row]])
-                self.lens[row] = length + 1
-                if self.owners[row] != (id(st), blocks):  # only a new or grown table is rewritten
-                    self.table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-                    self.owners[row] = (id(st), list(blocks))
-            else:  # padding: position 0 of the reserved block, the spare GDN slot
-                self.meta[:, row] = torch.tensor([0, 0, self.pad_block * bs, self.pad_slot])
-                self.table[row, 0], self.lens[row] = self.pad_block, 1
-                self.owners[row] = None
+        for row, st in enumerate(states):
+            length, blocks = st.length, st.kv.blocks
+            self.meta[:, row] = torch.tensor([tokens[row], length + st.position_offset, st.kv.slot(length), slots[row]])
+            self.lens[row] = length + 1
+            if self.owners[row] != (id(st), blocks):  # only a new or grown table is rewritten
+                self.table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+                self.owners[row] = (id(st), list(blocks))
         b = self.batch
         b.tokens.copy_(self.meta[0], non_blocking=True)
         b.positions.copy_(self.meta[1], non_blocking=True)
@@ -83,9 +65,7 @@ class GraphedDecoder:
         self.device = pool.k.device
         self.capture = self.device.type == "cuda"
         shapes = model.gdn_state_shapes(dtype)
-        # one slot per sequence plus a spare one for padding rows
-        self.slab = GDNSlab(shapes, max_batch + 1, self.device) if shapes else None
-        self.pad_block = pool.allocate(1)[0]  # padding rows' K/V land here (never read by a sequence)
+        self.slab = GDNSlab(shapes, max_batch, self.device) if shapes else None  # one slot per sequence
         self.free_slots = list(range(max_batch))
         self.slot_of: dict[int, int] = {}  # id(state) -> its GDN slot
         self.states: dict[int, SequenceState] = {}
@@ -103,9 +83,11 @@ class GraphedDecoder:
             raise ValueError(f"a graphed step takes 1..{self.max_batch} sequences, got {len(states)}")
         for st in states:
             st.kv.reserve(st.length + 1)
-        slots = [self._attach(st) for st in states]
-        bucket = self._bucket(next(b for b in buckets(self.max_batch) if b >= len(states)))
+        slots = [self.attach(st) for st in states]
+        bucket = self._bucket(len(states))
         bucket.stage(tokens, states, slots)
+        if self.capture and bucket.graph is None:
+            self._capture(bucket)  # on this step's real rows: nothing else is written
         if bucket.graph is not None:
             bucket.graph.replay()
             logits = bucket.logits
@@ -129,7 +111,9 @@ class GraphedDecoder:
             self.slab.detach(state, slot)
         self.free_slots.append(slot)
 
-    def _attach(self, state: SequenceState) -> int:
+    def attach(self, state: SequenceState) -> int:
+        """Give the sequence a GDN slot (its states become views of it; the engine does this at
+        admission, so a prefill writes straight into the slot) -> the slot."""
         if id(state) not in self.slot_of:
             if not self.free_slots:
                 raise RuntimeError("more decoding sequences than GDN slots (max_batch)")
@@ -143,20 +127,23 @@ class GraphedDecoder:
     def _bucket(self, size: int) -> _Bucket:
         if size not in self.buckets:
             batch = StaticBatch(size, self.pool, self.layers, self.slab, self.device)
-            bucket = _Bucket(batch, self.pad_block, self.max_batch)
-            if self.capture:
-                bucket.stage([], [], [])  # all padding: a valid step to warm up and capture on
-                self._capture(bucket)
-            self.buckets[size] = bucket
+            self.buckets[size] = _Bucket(batch)
         return self.buckets[size]
 
     def _capture(self, bucket: _Bucket) -> None:
+        """Warm up (Triton compiles, cuBLAS picks its kernels) and capture, on the staged rows. The
+        warm-up forwards rewrite the rows' new K/V slots with the same values, but they advance the
+        GDN states: those are saved first and put back."""
+        batch = bucket.batch
+        saved = None if self.slab is None else self.slab.gather(batch.state_slots)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks its kernels, off the graph
+        with torch.cuda.stream(side):
             for _ in range(2):
-                self.model.decode_static(bucket.batch)
+                self.model.decode_static(batch)
         torch.cuda.current_stream(self.device).wait_stream(side)
+        if saved is not None:
+            self.slab.scatter(batch.state_slots, saved)
         bucket.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(bucket.graph, pool=self.mempool):
             bucket.logits = self.model.decode_static(bucket.batch)

@@ -111,7 +111,7 @@ class MemoryPlan:
     kv_per_token: int
     kv_pool: int
     sequence_state: int
-    running_states: int
+    running_states: int  # with decode graphs they live in their slab (graphs.py): still C states
     rollback_states: int
     frontier_states: int
     media: int

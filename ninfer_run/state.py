@@ -155,6 +155,15 @@ class GDNSlab:
                     view.copy_(current) if current is not None else view.zero_()
                     held[i] = view
 
+    def gather(self, slots: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of these slots' states, per layer (conv, recurrent)."""
+        return {i: (self.conv[i].index_select(0, slots), self.recurrent[i].index_select(0, slots)) for i in self.conv}
+
+    def scatter(self, slots: torch.Tensor, states: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for i, (conv, recurrent) in states.items():
+            self.conv[i].index_copy_(0, slots, conv)
+            self.recurrent[i].index_copy_(0, slots, recurrent)
+
     def detach(self, state: SequenceState, slot: int) -> None:
         """Give `state` its own copies again (its slot is about to serve another sequence)."""
         for i in self.conv:
@@ -198,8 +207,7 @@ class StaticBatch:
                 self.slab.recurrent[layer].index_select(0, self.state_slots))
 
     def store_gdn_states(self, layer: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
-        self.slab.conv[layer].index_copy_(0, self.state_slots, conv)
-        self.slab.recurrent[layer].index_copy_(0, self.state_slots, recurrent)
+        self.slab.scatter(self.state_slots, {layer: (conv, recurrent)})
 
 
 # A forward's rows by sequence, in row order: one sequence's T new tokens ([(state, T)]), or one

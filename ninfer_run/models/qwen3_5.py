@@ -62,6 +62,15 @@ def _mrope_section(rope: dict) -> tuple[int, ...] | None:
     return tuple(section) if section is not None else None
 
 
+def _store(held: dict[int, torch.Tensor], layer: int, value: torch.Tensor) -> None:
+    """A sequence's new GDN state, written into the tensor it already has (so one that lives in the
+    decode graphs' slab, graphs.py, stays there), or kept as its first one."""
+    if layer in held:
+        held[layer].copy_(value)
+    else:
+        held[layer] = value.clone()
+
+
 class Model(CausalLM):
     """Weights are a name -> tensor dict (HF names); `forward` runs T new tokens of one sequence,
     `decode_batch` one new token of each of several."""
@@ -110,12 +119,12 @@ class Model(CausalLM):
         k = self.cfg.conv_kernel
         history = state.conv.get(i, torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype, device=qkv.device))
         padded = torch.cat((history, qkv), dim=0)
-        state.conv[i] = padded[-(k - 1):].clone()
+        _store(state.conv, i, padded[-(k - 1):])
         weight = self._conv_weight(i, padded.dtype)
         conv = F.silu(F.conv1d(padded.T[None], weight, groups=weight.shape[0])[0].T)
         s = state.recurrent.get(i, self._zero_state(qkv.device))
-        out, state.recurrent[i], states = gated_delta_rule(*self._split_heads(conv), g, beta, s,
-                                                           keep_steps=state.keep_steps)
+        out, final, states = gated_delta_rule(*self._split_heads(conv), g, beta, s, keep_steps=state.keep_steps)
+        _store(state.recurrent, i, final)
         if state.keep_steps:
             state.steps[i] = [(padded[j + 1 : j + k].clone(), s_j) for j, s_j in enumerate(states)]
         return out
@@ -127,7 +136,8 @@ class Model(CausalLM):
         out, conv, recurrent = self._gdn_step(i, qkv, g, beta, torch.stack([st.conv.get(i, zeros) for st in states]),
                                               torch.stack([st.recurrent.get(i, zero) for st in states]))
         for b, st in enumerate(states):
-            st.conv[i], st.recurrent[i] = conv[b], recurrent[b]
+            _store(st.conv, i, conv[b])
+            _store(st.recurrent, i, recurrent[b])
         return out
 
     def _gdn_step(self, i: int, qkv, g, beta, windows: torch.Tensor, recurrent: torch.Tensor):
