@@ -136,7 +136,8 @@ def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.
         mtp_pool = BlockPool.for_context(mtp_layout, config.max_context, device)
     engine = Engine(model, cache, config, clock, mtp_pool, media)
     if graphs:
-        engine.graphs = GraphedDecoder(model, pool, layers, config.max_concurrency, model.dtype)
+        engine.graphs = GraphedDecoder(model, pool, layers, config.max_concurrency, model.dtype, config.draft_tokens)
+        engine.verify_forward = engine.graphs.verify
     return engine
 
 
@@ -155,6 +156,7 @@ class Engine:
         self.on_finish: list[Callable[[Result], None]] = []  # observers of every finished result (metrics)
         self._ids = itertools.count(1)
         self.graphs: GraphedDecoder | None = None  # set by build_engine where decode steps are captured
+        self.verify_forward = model.forward  # a speculative verify's target forward (graphed: graphs.verify)
 
     # -- requests ------------------------------------------------------------------------------
     def submit(self, request: Request) -> Result:
@@ -208,7 +210,6 @@ class Engine:
             gen = None if req.params.seed is None else torch.Generator().manual_seed(req.params.seed)
             drafter = None
             if self.config.draft_tokens:
-                state.keep_steps = True
                 # the head's KV lives in the same pool; it starts at the end of a reused prefix
                 drafter = MTPDrafter(self.model, PagedKV(self.mtp_pool, {-1: 0}), position_offset=cached)
                 drafter.state.mm = req.mm
@@ -256,7 +257,7 @@ class Engine:
         n = min(self.config.draft_tokens, req.max_tokens - len(run.result.tokens))
         drafts = run.drafter.propose(n)
         self._ensure_room(run, n + 1)
-        new = verify_step(self.model, run.state, last, drafts, req.params, run.generator, self.spec_stats)
+        new = verify_step(self.verify_forward, run.state, last, drafts, req.params, run.generator, self.spec_stats)
         run.result.drafted += len(drafts)
         run.result.accepted += len(new) - 1
         run.drafter.observe(run.state.verified_hidden, torch.tensor(new))

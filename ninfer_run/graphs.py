@@ -21,35 +21,37 @@ from .state import GDNSlab, SequenceState, StaticBatch
 
 
 class _Bucket:
-    """One batch size: its static buffers, the pinned host image of them, and (on CUDA) its graph."""
+    """One step shape (sequences x tokens each): its static buffers, their pinned host image, and (on
+    CUDA) its graph with the hidden states and logits it leaves."""
 
     def __init__(self, batch: StaticBatch):
         self.batch = batch
-        b, width = batch.size, batch.tables.shape[1]
+        b, rows, width = batch.size, batch.tokens.shape[0], batch.tables.shape[1]
         pin = batch.tokens.is_cuda
-        self.meta = torch.zeros(4, b, dtype=torch.long, pin_memory=pin)  # tokens, positions, kv slots, GDN slots
+        self.rows = torch.zeros(3, rows, dtype=torch.long, pin_memory=pin)  # tokens, positions, kv slots
+        self.slots = torch.zeros(b, dtype=torch.long, pin_memory=pin)  # GDN slot of each sequence
         self.table = torch.zeros(b, width, dtype=torch.int32, pin_memory=pin)
         self.lens = torch.zeros(b, dtype=torch.int32, pin_memory=pin)
-        self.owners: list[tuple[int, list[int]] | None] = [None] * b  # (id(state), its table as written) per row
+        self.owners: list[tuple[int, list[int]] | None] = [None] * b  # (id(state), its table as written)
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits: torch.Tensor | None = None
+        self.out: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden, logits) the graph writes
 
     def stage(self, tokens: list[int], states: list[SequenceState], slots: list[int]) -> None:
-        """Write the step's rows into the host image and copy it to the device buffers."""
-        for row, st in enumerate(states):
+        """Write the step's rows (q_len tokens of each sequence) into the host image, copy it over."""
+        t = self.batch.q_len
+        for b, st in enumerate(states):
             length, blocks = st.length, st.kv.blocks
-            self.meta[:, row] = torch.tensor([tokens[row], length + st.position_offset, st.kv.slot(length), slots[row]])
-            self.lens[row] = length + 1
-            if self.owners[row] != (id(st), blocks):  # only a new or grown table is rewritten
-                self.table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-                self.owners[row] = (id(st), list(blocks))
-        b = self.batch
-        b.tokens.copy_(self.meta[0], non_blocking=True)
-        b.positions.copy_(self.meta[1], non_blocking=True)
-        b.kv_slots.copy_(self.meta[2], non_blocking=True)
-        b.state_slots.copy_(self.meta[3], non_blocking=True)
-        b.tables.copy_(self.table, non_blocking=True)
-        b.lens.copy_(self.lens, non_blocking=True)
+            for j in range(t):
+                self.rows[:, b * t + j] = torch.tensor([tokens[b * t + j], length + j + st.position_offset,
+                                                        st.kv.slot(length + j)])
+            self.slots[b], self.lens[b] = slots[b], length + t
+            if self.owners[b] != (id(st), blocks):  # only a new or grown table is rewritten
+                self.table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+                self.owners[b] = (id(st), list(blocks))
+        batch = self.batch
+        for dst, src in ((batch.tokens, self.rows[0]), (batch.positions, self.rows[1]), (batch.kv_slots, self.rows[2]),
+                         (batch.state_slots, self.slots), (batch.tables, self.table), (batch.lens, self.lens)):
+            dst.copy_(src, non_blocking=True)
 
     def forget(self, state_id: int) -> None:
         """A released sequence's rows must be rewritten even if a new one reuses its id."""
@@ -57,47 +59,67 @@ class _Bucket:
 
 
 class GraphedDecoder:
-    """Plain decode steps of up to `max_batch` sequences through captured graphs (CUDA) or the same
-    static forward run eagerly (elsewhere)."""
+    """Plain decode steps of up to `max_batch` sequences, and speculative verify forwards (one
+    sequence, 2 .. draft_tokens + 1 tokens), through captured graphs (CUDA) or the same static
+    forward run eagerly (elsewhere)."""
 
-    def __init__(self, model, pool: BlockPool, layers: dict[int, int], max_batch: int, dtype: torch.dtype):
+    def __init__(self, model, pool: BlockPool, layers: dict[int, int], max_batch: int, dtype: torch.dtype,
+                 draft_tokens: int = 0):
         self.model, self.pool, self.layers, self.max_batch = model, pool, layers, max_batch
         self.device = pool.k.device
         self.capture = self.device.type == "cuda"
         shapes = model.gdn_state_shapes(dtype)
-        self.slab = GDNSlab(shapes, max_batch, self.device) if shapes else None  # one slot per sequence
+        # one slot per sequence; with speculative decoding each also keeps a verify's per-token states
+        self.slab = GDNSlab(shapes, max_batch, self.device, steps=draft_tokens + 1 if draft_tokens else 0) \
+            if shapes else None
         self.free_slots = list(range(max_batch))
         self.slot_of: dict[int, int] = {}  # id(state) -> its GDN slot
         self.states: dict[int, SequenceState] = {}
-        self.buckets: dict[int, _Bucket] = {}
+        self.buckets: dict[tuple[int, int], _Bucket] = {}
         self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
         self.replays = 0
 
     @staticmethod
     def supports(state: SequenceState) -> bool:
+        """Plain decode of this sequence can be graphed (no images: M-RoPE positions stay eager)."""
         return state.mm is None and not state.keep_steps
 
     def decode(self, tokens: list[int], states: list[SequenceState]) -> torch.Tensor:
-        """The next token's logits [len(states), V] of each sequence (their KV tables hold room for it)."""
+        """The next token's logits [len(states), V] of each sequence."""
         if not 1 <= len(states) <= self.max_batch:
             raise ValueError(f"a graphed step takes 1..{self.max_batch} sequences, got {len(states)}")
+        return self._step(tokens, states, 1)[1]
+
+    def verify(self, tokens: torch.Tensor, state: SequenceState) -> tuple[torch.Tensor, torch.Tensor]:
+        """`model.forward`'s contract for a speculative verify (the last token and its drafts) of a
+        keep_steps sequence: (hidden [T, H], logits [T, V]); state.steps holds each token's GDN state
+        (views of the sequence's slot) for the rollback."""
+        if state.mm is not None or not state.keep_steps or self.slab is not None and self.slab.steps < tokens.shape[0]:
+            return self.model.forward(tokens, state)
+        t = tokens.shape[0]
+        hidden, logits = self._step(tokens.tolist(), [state], t)
+        if self.slab is not None:
+            state.steps = self.slab.step_views(self.slot_of[id(state)], t)
+        return hidden, logits
+
+    def _step(self, tokens: list[int], states: list[SequenceState], q_len: int):
         for st in states:
-            st.kv.reserve(st.length + 1)
+            st.kv.reserve(st.length + q_len)
         slots = [self.attach(st) for st in states]
-        bucket = self._bucket(len(states))
+        bucket = self._bucket(len(states), q_len)
         bucket.stage(tokens, states, slots)
         if self.capture and bucket.graph is None:
             self._capture(bucket)  # on this step's real rows: nothing else is written
         if bucket.graph is not None:
             bucket.graph.replay()
-            logits = bucket.logits
+            hidden, logits = bucket.out
             self.replays += 1
         else:
-            logits = self.model.decode_static(bucket.batch)
+            hidden, logits = self.model.forward_static(bucket.batch)
         for st in states:
-            st.length += 1
-            st.last_forward = 1
-        return logits[: len(states)]
+            st.length += q_len
+            st.last_forward = q_len
+        return hidden, logits
 
     def release(self, state: SequenceState) -> None:
         """The sequence stops decoding here: its GDN state is copied out of its slot, which is freed."""
@@ -124,11 +146,11 @@ class GraphedDecoder:
             self.slab.attach(state, slot)
         return slot
 
-    def _bucket(self, size: int) -> _Bucket:
-        if size not in self.buckets:
-            batch = StaticBatch(size, self.pool, self.layers, self.slab, self.device)
-            self.buckets[size] = _Bucket(batch)
-        return self.buckets[size]
+    def _bucket(self, size: int, q_len: int) -> _Bucket:
+        if (size, q_len) not in self.buckets:
+            batch = StaticBatch(size, self.pool, self.layers, self.slab, self.device, q_len)
+            self.buckets[(size, q_len)] = _Bucket(batch)
+        return self.buckets[(size, q_len)]
 
     def _capture(self, bucket: _Bucket) -> None:
         """Warm up (Triton compiles, cuBLAS picks its kernels) and capture, on the staged rows. The
@@ -140,10 +162,10 @@ class GraphedDecoder:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.model.decode_static(batch)
+                self.model.forward_static(batch)
         torch.cuda.current_stream(self.device).wait_stream(side)
         if saved is not None:
             self.slab.scatter(batch.state_slots, saved)
         bucket.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(bucket.graph, pool=self.mempool):
-            bucket.logits = self.model.decode_static(bucket.batch)
+            bucket.out = self.model.forward_static(batch)

@@ -90,7 +90,7 @@ def generate_speculative(model, prompt: torch.Tensor, max_new: int, draft_tokens
     """Same output distribution as `generate` (identical tokens when greedy), in fewer target
     forwards when drafts are accepted. `drafter(n, out) -> list[int]` overrides the MTP head."""
     gen = _generator(params)
-    state = SequenceState(keep_steps=True)
+    state = SequenceState()
     hidden, logits = model.forward(prompt, state)
     out = [sample(target_probs(logits[-1], params), gen)]
     mtp = None
@@ -101,18 +101,23 @@ def generate_speculative(model, prompt: torch.Tensor, max_new: int, draft_tokens
     stats = SpecStats()
     while len(out) < max_new:
         drafts = drafter(min(draft_tokens, max_new - len(out)), out)
-        new = verify_step(model, state, out[-1], drafts, params, gen, stats)
+        new = verify_step(model.forward, state, out[-1], drafts, params, gen, stats)
         if mtp is not None:
             mtp.observe(state.verified_hidden, torch.tensor(new))
         out += new
     return out[:max_new], stats
 
 
-def verify_step(model, state: SequenceState, last: int, drafts: list[int], params: SamplingParams,
+def verify_step(forward, state: SequenceState, last: int, drafts: list[int], params: SamplingParams,
                 gen: torch.Generator | None, stats: SpecStats) -> list[int]:
     """One target forward over [last, *drafts]: the accepted drafts plus one more token (1..N+1).
-    Rolls `state` back to the accepted prefix and leaves its hidden states in state.verified_hidden."""
-    hidden, logits = model.forward(torch.tensor([last, *drafts]), state)
+    Rolls `state` back to the accepted prefix and leaves its hidden states in state.verified_hidden.
+    `forward(tokens, state) -> (hidden, logits)`: the model's, or a captured graph's (graphs.py)."""
+    state.keep_steps = True  # this forward only: a prefill or plain step needs no per-token states
+    try:
+        hidden, logits = forward(torch.tensor([last, *drafts]), state)
+    finally:
+        state.keep_steps = False
     new: list[int] = []
     for j, d in enumerate(drafts):
         if params.greedy:  # no randomness at all: accept iff the draft is the argmax

@@ -121,10 +121,11 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
            seed: int = 0, profile_to: Path | None = None) -> dict:
     """Aggregate decode tok/s once every sequence has its first token; `forced`: see ForcedAcceptance.
     `profile_to`: also write torch.profiler's top ops of the timed steps there."""
-    model = ForcedAcceptance(model, draft_tokens, seed) if forced else model
     config = EngineConfig(max_context=concurrency * (prompt + new_tokens + 64), max_concurrency=concurrency,
                           prefill_chunk=4096, draft_tokens=draft_tokens, max_frontiers=1)
     engine = build_engine(model, config)
+    if forced:
+        engine.verify_forward = ForcedAcceptance(engine.verify_forward, seed)
     results = [engine.submit(Request(_prompt(prompt, model.cfg.vocab_size, seed + i), max_tokens=new_tokens,
                                      params=GREEDY)) for i in range(concurrency)]
     engine.step()  # admission + the whole prompt (one chunk) + the first token of every sequence
@@ -154,22 +155,19 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
 
 
 class ForcedAcceptance:
-    """The model, except that in a verify forward (2..draft+1 tokens: the last token and its drafts)
-    draft j is made the target's argmax with probability FORCED_P, so greedy acceptance happens at a
-    known rate whatever the random weights predict. The head and the target still do all their work."""
+    """An engine's verify forward, except that in its logits draft j is made the target's argmax with
+    probability FORCED_P, so greedy acceptance happens at a known rate whatever the random weights
+    predict. The head and the target (graphed or not) still do all their work."""
 
-    def __init__(self, model, draft_tokens: int, seed: int):
-        self._model, self._max_rows, self._rng = model, draft_tokens + 1, random.Random(seed)
+    def __init__(self, forward, seed: int):
+        self._forward, self._rng = forward, random.Random(seed)
 
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def forward(self, tokens, state, last_logits: bool = False):
-        hidden, logits = self._model.forward(tokens, state, last_logits)
-        if 1 < tokens.shape[0] <= self._max_rows and not last_logits:
-            for j, draft in enumerate(tokens[1:].tolist()):
-                if self._rng.random() < FORCED_P:
-                    logits[j, draft] = logits[j].max() + 1.0
+    def __call__(self, tokens, state):
+        hidden, logits = self._forward(tokens, state)
+        logits = logits.clone()  # a graph's output buffer is not ours to change
+        for j, draft in enumerate(tokens[1:].tolist()):
+            if self._rng.random() < FORCED_P:
+                logits[j, draft] = logits[j].max() + 1.0
         return hidden, logits
 
 

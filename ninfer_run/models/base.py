@@ -28,9 +28,10 @@ class CausalLM:
             raise ValueError("batched decode is for sequences without speculative decoding")
         return linear(self._run(tokens, [(state, 1) for state in states]), self.lm_head)
 
-    def decode_static(self, batch: StaticBatch) -> torch.Tensor:
-        """One token of each row of `batch` (graphs.GraphedDecoder captures this) -> logits [B, V]."""
-        return linear(self._run(batch.tokens, batch), self.lm_head)
+    def forward_static(self, batch: StaticBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows of `batch` (graphs.GraphedDecoder captures this) -> (final-norm hidden, logits)."""
+        hidden = self._run(batch.tokens, batch)
+        return hidden, linear(hidden, self.lm_head)
 
     def gdn_state_shapes(self, dtype: torch.dtype) -> dict:
         """GDN layers' per-sequence state shapes (see qwen3_5); none in a model without them."""

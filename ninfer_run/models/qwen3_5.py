@@ -92,8 +92,7 @@ class Model(CausalLM):
         g, beta = gates(linear(x, self._p(p + "in_proj_a.weight")), linear(x, self._p(p + "in_proj_b.weight")),
                         self._p(p + "A_log"), self._p(p + "dt_bias"))
         if isinstance(segments, StaticBatch):
-            out, conv, recurrent = self._gdn_step(i, qkv, g, beta, *segments.gdn_states(i))
-            segments.store_gdn_states(i, conv, recurrent)
+            out = segments.gdn(i, qkv, g, beta, self._gdn_step)
         elif len(segments) > 1 and all(n == 1 for _, n in segments):
             out = self._gdn_decode_batch(i, qkv, g, beta, [state for state, _ in segments])
         else:
@@ -127,6 +126,8 @@ class Model(CausalLM):
         _store(state.recurrent, i, final)
         if state.keep_steps:
             state.steps[i] = [(padded[j + 1 : j + k].clone(), s_j) for j, s_j in enumerate(states)]
+        else:
+            state.steps.pop(i, None)  # an earlier verify's states: no rollback may use them now
         return out
 
     def _gdn_decode_batch(self, i: int, qkv, g, beta, states: list[SequenceState]) -> torch.Tensor:

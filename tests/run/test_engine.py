@@ -178,3 +178,26 @@ def test_decode_batch_refuses_speculative_states(model):
     with pytest.raises(ValueError, match="speculative"):
         model.decode_batch(torch.tensor([1, 2]), states)
     assert [s.length for s in states] == [0, 0] and states[0].conv == {}  # refused before any state changed
+
+
+def test_speculative_engine_keeps_per_token_states_only_in_verify(model, monkeypatch):
+    """Per-token GDN states (for the rollback) are kept by the verify forwards alone: a prompt's
+    prefill chunks take the chunked path and keep nothing (a 100K prompt would otherwise keep 100K
+    states per layer)."""
+    from ninfer_run.models import qwen3_5
+
+    calls = []
+    rule = qwen3_5.gated_delta_rule
+
+    def spy(*args, keep_steps=False):
+        calls.append((args[2].shape[0], keep_steps))
+        return rule(*args, keep_steps=keep_steps)
+
+    monkeypatch.setattr(qwen3_5, "gated_delta_rule", spy)
+    engine = _engine(model, max_context=1024, draft_tokens=3, prefill_chunk=32)
+    result = engine.submit(Request(_prompts(1, seed=4, length=70)[0], max_tokens=8))
+    engine.run_until_done()
+    assert result.finish_reason == "length"
+    kept = [t for t, keep in calls if keep]
+    assert kept and max(kept) <= 4  # verify forwards: the last token and up to 3 drafts
+    assert {t for t, keep in calls if not keep} == {32, 6}  # the prompt's chunks (70 = 32 + 32 + 6)

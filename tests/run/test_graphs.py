@@ -83,6 +83,30 @@ def test_release_gives_the_state_back_and_frees_the_slot(tiny_model):
         decoder.decode([1, 2, 3], [fresh, states[1], states[0]])
 
 
+def test_static_verify_equals_forward_and_rolls_back(tiny_model):
+    """A speculative verify through the static step: the forward's hidden states and logits, and a
+    rollback to any accepted prefix leaves the GDN state the eager forward's rollback does."""
+    model = tiny_model("tiny-qwen3.5")
+    c = model.cfg
+    layers = {key: i for i, key in enumerate(model.kv_layers())}
+    pool = BlockPool(KVLayout(len(layers), c.num_kv_heads, c.head_dim, 16, "int8"), 40, model.device)
+    decoder = GraphedDecoder(model, pool, layers, max_batch=2, dtype=model.dtype, draft_tokens=3)
+    prompt = _prompts(1, seed=7)[0]
+    eager, static = (SequenceState(kv=PagedKV(pool, layers), keep_steps=True) for _ in range(2))
+    model.forward(torch.tensor(prompt), eager)
+    model.forward(torch.tensor(prompt), static)
+    for keep, tokens in ((2, [5, 6, 7, 8]), (4, [9, 10, 11, 12]), (1, [13, 14, 15]), (3, [16, 17, 18])):
+        want_hidden, want_logits = model.forward(torch.tensor(tokens), eager)
+        hidden, logits = decoder.verify(torch.tensor(tokens), static)
+        assert _rel(hidden, want_hidden) < 1e-3 and _rel(logits, want_logits) < 1e-3
+        eager.rollback(keep)
+        static.rollback(keep)
+        assert static.length == eager.length
+        for i in eager.recurrent:
+            assert _rel(static.recurrent[i], eager.recurrent[i]) < 1e-3 and _rel(static.conv[i], eager.conv[i]) < 1e-3
+    assert set(decoder.buckets) == {(1, 4), (1, 3)}
+
+
 def test_engine_with_static_decode_matches_eager(tiny_model):
     model = tiny_model("tiny-qwen3.5", "int4")
     prompts = _prompts(4, seed=9)
@@ -92,6 +116,13 @@ def test_engine_with_static_decode_matches_eager(tiny_model):
                                                   cuda_graphs=graphs))
         results = [engine.submit(Request(p, max_tokens=12, stop_token_ids=(5,))) for p in prompts]
         engine.run_until_done()
+        spec = build_engine(model, EngineConfig(max_context=1024, block_size=16, max_concurrency=2, draft_tokens=3,
+                                                cuda_graphs=graphs))
+        drafted = [spec.submit(Request(p, max_tokens=10)) for p in prompts[:2]]  # speculative: verify steps
+        spec.run_until_done()
+        results += drafted
+        if graphs:
+            assert (1, 4) in spec.graphs.buckets  # the verify steps went through the static forward
         again = engine.submit(Request(prompts[0] + results[0].tokens[:-1] + [11, 12], max_tokens=6))
         engine.run_until_done()  # a follow-up restores the frontier's GDN state into a slot
         outputs[graphs] = [(r.tokens, r.finish_reason) for r in results] + [(again.tokens, again.cached_tokens)]
@@ -119,3 +150,28 @@ def test_captured_graph_replays_the_eager_step(packed, profile):
         assert _rel(got, want) < 2e-2, step  # bf16; the attention kernel splits the table differently
         tokens[:n] = want.argmax(-1).cpu()
     assert decoder.replays == 20 and set(decoder.buckets) == {2, 3}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="graphs are captured on CUDA")
+def test_captured_verify_replays_the_eager_forward(packed):
+    from ninfer_run.loader import load
+
+    model = load(packed("tiny-qwen3.5", "nvfp4"), device="cuda", dtype=torch.bfloat16).model
+    c = model.cfg
+    layers = {key: i for i, key in enumerate(model.kv_layers())}
+    pool = BlockPool(KVLayout(len(layers), c.num_kv_heads, c.head_dim, 16, "int8"), 40, model.device)
+    decoder = GraphedDecoder(model, pool, layers, max_batch=1, dtype=model.dtype, draft_tokens=3)
+    eager, static = (SequenceState(kv=PagedKV(pool, layers), keep_steps=True) for _ in range(2))
+    prompt = torch.tensor(_prompts(1, seed=8)[0])
+    model.forward(prompt, eager)
+    model.forward(prompt, static)
+    for step in range(6):
+        tokens = torch.tensor([20 + step, 30 + step, 40 + step, 50 + step])
+        want_hidden, want_logits = model.forward(tokens, eager)
+        hidden, logits = decoder.verify(tokens, static)
+        assert _rel(hidden, want_hidden) < 2e-2 and _rel(logits, want_logits) < 2e-2, step
+        keep = 1 + step % 4
+        eager.rollback(keep)
+        static.rollback(keep)
+    assert decoder.replays == 6
