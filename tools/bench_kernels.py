@@ -119,10 +119,11 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                 row["nvfp4_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv(x, *w), nv)) if cuda \
                     else row["nvfp4_triton_ms"]
                 row["nvfp4_kernel"] = "cuda" if cuda else "triton"
-                if cuda:  # each n-tiles variant of the CUDA kernel (the default picks one by N)
-                    row["nvfp4_cuda_tiles_us"] = {
-                        t: 1000 * _bench(_rotating(lambda w, t=t: cuda_ops.nvfp4_gemv(x, *w, tiles=t), nv))
-                        for t in (1, 2, 4) if n % (8 * t) == 0}
+                if cuda:  # each (tiles, warps) shape of the CUDA kernel; the default picks one by N and K
+                    row["nvfp4_cuda_default_shape"] = "x".join(map(str, cuda_ops.gemv_shape(n, k, x.device)))
+                    row["nvfp4_cuda_shapes_us"] = {
+                        f"{t}x{w}": 1000 * _bench(_rotating(lambda q, s=(t, w): cuda_ops.nvfp4_gemv(x, *q, shape=s), nv))
+                        for t, w in sorted(cuda_ops.GEMV_SHAPES) if n % (8 * t) == 0 and w <= k // 128}
                 row["int4_ms"] = _bench(_rotating(lambda w: int_linear.gemv(x, w[0], w[1], None, 4, 128), i4))
                 row["bf16_peer_ms"] = _bench(_rotating(lambda w: x @ w, bf))
                 row["nvfp4_GB_s"] = nv_bytes / row["nvfp4_ms"] / 1e6
@@ -264,8 +265,9 @@ def table(results: dict) -> str:
         if "nvfp4_ms" in r:
             lines.append(f"gemv {r['linear']:<16} M={r['M']:<2} nvfp4 {r['nvfp4_GB_s']:6.0f} GB/s "
                          f"({r['nvfp4_of_roofline']:.0%} roofline, {r['nvfp4_vs_peer']:.2f}x bf16, {r['nvfp4_kernel']}; "
-                         f"triton {r['nvfp4_triton_ms'] * 1000:.0f} us, tiles "
-                         f"{'/'.join(f'{v:.0f}' for v in r.get('nvfp4_cuda_tiles_us', {}).values())} us)  "
+                         f"triton {r['nvfp4_triton_ms'] * 1000:.0f} us; tiles x warps "
+                         f"{' '.join(f'{s}:{v:.0f}' for s, v in r.get('nvfp4_cuda_shapes_us', {}).items())} us, "
+                         f"default {r.get('nvfp4_cuda_default_shape')})  "
                          f"int4 {r['int4_GB_s']:6.0f} GB/s ({r['int4_vs_peer']:.2f}x bf16)")
         else:
             lines.append(f"gemv {r['linear']} M={r['M']} rel err {r['rel_err']}")

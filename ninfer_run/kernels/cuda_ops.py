@@ -5,8 +5,8 @@ versions (NINFER_CACHE, else ~/.cache/ninfer), so a machine compiles once. CPU i
 the sm_90a code cannot run on never build it; a failed build (no nvcc, say) warns once and the
 callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off.
 
-  nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16): csrc/nvfp4_gemv_sm90.cu; its
-               reference is nvfp4_linear.reference.
+  nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16) -> bf16: csrc/nvfp4_gemv_sm90.cu;
+               its reference is nvfp4_linear.reference.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("ops.cpp", "nvfp4_gemv_sm90.cu")
 CUDA_FLAGS = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo"]
 TILE_K = 128  # K per warp tile of nvfp4_gemv
-WARPS = 4  # warps per block of nvfp4_gemv
+GEMV_SHAPES = {(1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4), (4, 8)}  # (n-tiles per warp, warps per block)
 
 
 def _build_dir() -> Path:
@@ -61,26 +61,26 @@ def nvfp4_gemv_fits(x: torch.Tensor, n: int) -> bool:
     return x.dtype == torch.bfloat16 and 1 <= m <= 16 and k % TILE_K == 0 and n % 8 == 0 and available()
 
 
-def n_tiles(n: int, device: torch.device) -> int:
-    """8-column tiles per warp (1, 2 or 4): more share each x fragment and keep more weight bytes in
-    flight, while N / (8 * tiles) blocks still cover every multiprocessor twice."""
+def gemv_shape(n: int, k: int, device: torch.device) -> tuple[int, int]:
+    """(8-column tiles per warp, warps per block) of nvfp4_gemv. More tiles share each x fragment and
+    keep more weight bytes in flight while N / (8 * tiles) blocks still cover every multiprocessor
+    twice; the block's warps split K, as many (up to 16, at least one K tile each) as it takes for
+    about 32 warps per multiprocessor."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return next(t for t in (4, 2, 1) if t == 1 or (n % (8 * t) == 0 and n // (8 * t) >= 2 * sms))
+    tiles = next(t for t in (4, 2, 1) if t == 1 or (n % (8 * t) == 0 and n // (8 * t) >= 2 * sms))
+    blocks = n // (8 * tiles)
+    warps = 4
+    while (tiles, warps * 2) in GEMV_SHAPES and blocks * warps < 32 * sms and warps * 2 <= k // TILE_K:
+        warps *= 2
+    return tiles, warps
 
 
-def k_splits(n: int, k: int, tiles: int, device: torch.device) -> int:
-    """Blocks along K per column group: enough blocks (about 8 per multiprocessor) for the weight
-    reads of a thin matrix to fill the GPU, but at least one K tile per warp."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min((k // TILE_K) // WARPS, round(sms * 8 / (n // (8 * tiles)))))
-
-
-def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, tiles: int | None = None) -> torch.Tensor:
-    """x [M <= 16, K] bf16 -> y [M, N] float32, as nvfp4_linear.reference computes it. `tiles`: see n_tiles."""
+def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None) -> torch.Tensor:
+    """x [M <= 16, K] bf16 -> y [M, N] bf16: nvfp4_linear.reference's float32 sums, rounded once.
+    `shape`: (tiles, warps), see gemv_shape."""
     n, k = qweight.shape[0], x.shape[1]
-    tiles = tiles or n_tiles(n, x.device)
-    splits = k_splits(n, k, tiles, x.device)
-    y = (torch.zeros if splits > 1 else torch.empty)(x.shape[0], n, dtype=torch.float32, device=x.device)
+    tiles, warps = shape or gemv_shape(n, k, x.device)
+    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
     s2 = global_scale.reshape(1).to(device=x.device, dtype=torch.float32)
-    torch.ops.ninfer.nvfp4_gemv(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, splits, tiles)
+    torch.ops.ninfer.nvfp4_gemv(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, tiles, warps)
     return y

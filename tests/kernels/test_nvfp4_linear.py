@@ -61,12 +61,19 @@ def test_cuda_gemv_matches_reference(m, n, kk):
     # the codes' full range, 0.5 (a bf16 subnormal once placed) and the scales' subnormals included
     x = torch.randn(m, kk, generator=torch.Generator().manual_seed(kk + m)).to(DEVICE, DTYPE)
     ref = k.reference(x, q, s8, s2)
-    for tiles in (t for t in (1, 2, 4) if n % (8 * t) == 0):
-        out = cuda_ops.nvfp4_gemv(x, q, s8, s2, tiles=tiles)
-        assert out.shape == (m, n) and not torch.isnan(out).any()
-        assert float((out - ref).norm() / ref.norm()) < 1e-5, tiles
+    for tiles, warps in sorted(cuda_ops.GEMV_SHAPES):
+        if n % (8 * tiles) == 0 and warps <= kk // 128:
+            out = cuda_ops.nvfp4_gemv(x, q, s8, s2, shape=(tiles, warps))
+            assert out.shape == (m, n) and out.dtype == torch.bfloat16
+            assert _rounded_once(out, ref), (tiles, warps)
     # subnormal block scales (e4m3 exponent 0): every scale byte set to 1..7 must still decode exactly
     tiny = torch.randint(1, 8, s8.shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8).to(DEVICE)
     small = tiny.view(s8.dtype)
-    assert float((cuda_ops.nvfp4_gemv(x, q, small, s2) - k.reference(x, q, small, s2)).norm()
-                 / k.reference(x, q, small, s2).norm()) < 1e-5
+    assert _rounded_once(cuda_ops.nvfp4_gemv(x, q, small, s2), k.reference(x, q, small, s2))
+
+
+def _rounded_once(out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """out (bf16) is the float32 reference rounded once: within a bf16 rounding of it everywhere (the
+    float32 sums themselves differ by order only, ~1e-6 of the largest output)."""
+    err = (out.float() - ref).abs()
+    return bool((err <= ref.abs() * 2**-8 + 1e-5 * ref.abs().max()).all()) and not torch.isnan(out).any()

@@ -3,7 +3,7 @@
 // Operands as the sm_90a artifact stores them (row-major, K-major):
 //   x      bf16 [M, K]        q      u8 [N, K/2] (element 2i in the low nibble)
 //   scale  e4m3 [N, K/16]     s2     f32 [1] (on the device: no host sync)
-//   y      f32  [M, N]        (stored, or added atomically when K is split over blocks: y zeroed first)
+//   y      bf16 [M, N]        (the fp32 sums rounded once: what a float32 result .to(bf16) would be)
 //
 // Memory-bound: every weight byte is read once, 16 bytes per lane per 128-K tile, and never touches
 // shared memory. Lane 4g + c of a warp owns column n0 + g and the 32 K values kt*128 + 32c .. +31 of
@@ -18,6 +18,10 @@
 // block scale is turned into scale * 2^100 (bf16, exact); their product, value * scale * 2^-26, has
 // at most 6 significant bits, so the bf16 multiply is exact and so are the tensor cores' products.
 // The fp32 accumulator is multiplied by s2 * 2^26 at the end.
+//
+// A block's warps split K and add their partial tiles in shared memory, so each output is written
+// once, in bf16: no split over blocks, no atomics, no zeroed fp32 buffer and no conversion kernel
+// after (at decode these are ~2 of the ~7 kernels per linear). Thin matrices get more warps per block.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,7 +30,6 @@
 namespace ninfer_sm90 {
 
 constexpr int kTileK = 128;   // K values per warp tile: 4 lanes x 32
-constexpr int kWarps = 4;     // warps per block, splitting K between them
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 v;
@@ -117,16 +120,16 @@ __device__ __forceinline__ void tile_mma(float (&d)[2][4], const uint4& w, uint3
   }
 }
 
-// Grid (N / (8 kTiles), K splits); block kWarps warps; warp (blockIdx.y * kWarps + warp) takes every
-// split-th 128-K tile of kTiles n-tiles (8 columns each; the x fragments are loaded once for all).
-template <bool kHighRows, int kTiles>
+// Grid N / (8 kTiles) blocks of kWarps warps; warp w takes every kWarps-th 128-K tile (from tile w) of
+// kTiles n-tiles (8 columns each; the x fragments are loaded once for all).
+template <bool kHighRows, int kTiles, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv(const __nv_bfloat16* __restrict__ x,
                                                           const uint8_t* __restrict__ q,
                                                           const uint8_t* __restrict__ scale,
-                                                          const float* __restrict__ s2, float* __restrict__ y,
+                                                          const float* __restrict__ s2, __nv_bfloat16* __restrict__ y,
                                                           int M, int N, int K) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int n0 = blockIdx.x * 8 * kTiles, tiles = K / kTileK, split = gridDim.y * kWarps;
+  const int n0 = blockIdx.x * 8 * kTiles, tiles = K / kTileK, split = kWarps;
   const uint8_t* w_lane[kTiles];
   const uint8_t* s_lane[kTiles];
 #pragma unroll
@@ -135,7 +138,7 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv(const __nv_bfloat16* _
     s_lane[j] = scale + (size_t)(n0 + 8 * j + g) * (K / 16) + 2 * c;  // + 8 per tile
   }
   float d[kTiles][2][4] = {};
-  int kt = blockIdx.y * kWarps + warp;
+  int kt = warp;
   uint4 w_next[kTiles];
   uint32_t s_next[kTiles];
 #pragma unroll
@@ -166,7 +169,7 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv(const __nv_bfloat16* _
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) tile_mma<kHighRows>(d[j], w[j], s[j], xl, xh);
   }
-  // the block's warps hold partial sums of the same tiles: add them, then one store (or atomic add)
+  // the block's warps hold partial sums of the same tiles: add them, then one bf16 store
   __shared__ float partial[kWarps][kTiles][4][32];
 #pragma unroll
   for (int j = 0; j < kTiles; ++j)
@@ -183,32 +186,38 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv(const __nv_bfloat16* _
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) v += partial[w][j][i][lane];
       const int row = g + 8 * (i >> 1), col = n0 + 8 * j + 2 * c + (i & 1);  // the m16n8 accumulator layout
-      if (row < M) {
-        if (gridDim.y == 1) y[(size_t)row * N + col] = v * out_scale;
-        else atomicAdd(y + (size_t)row * N + col, v * out_scale);
-      }
+      if (row < M) y[(size_t)row * N + col] = __float2bfloat16_rn(v * out_scale);
     }
 }
 
-template <int kTiles>
-void launch(const void* x, const void* q, const void* scale, const float* s2, float* y, int M, int N, int K,
-            int k_splits, cudaStream_t stream) {
-  const dim3 grid(N / (8 * kTiles), k_splits), block(kWarps * 32);
+template <int kTiles, int kWarps>
+void launch(const void* x, const void* q, const void* scale, const float* s2, void* y, int M, int N, int K,
+            cudaStream_t stream) {
+  const dim3 grid(N / (8 * kTiles)), block(kWarps * 32);
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* qb = static_cast<const uint8_t*>(q);
   const auto* sb = static_cast<const uint8_t*>(scale);
-  if (M > 8) nvfp4_gemv<true, kTiles><<<grid, block, 0, stream>>>(xb, qb, sb, s2, y, M, N, K);
-  else nvfp4_gemv<false, kTiles><<<grid, block, 0, stream>>>(xb, qb, sb, s2, y, M, N, K);
+  auto* yb = static_cast<__nv_bfloat16*>(y);
+  if (M > 8) nvfp4_gemv<true, kTiles, kWarps><<<grid, block, 0, stream>>>(xb, qb, sb, s2, yb, M, N, K);
+  else nvfp4_gemv<false, kTiles, kWarps><<<grid, block, 0, stream>>>(xb, qb, sb, s2, yb, M, N, K);
 }
 
 }  // namespace ninfer_sm90
 
-// y must be zeroed by the caller when k_splits > 1; N % (8 * n_tiles) == 0, n_tiles 1, 2 or 4.
-// Returns the launch's error code.
-int ninfer_nvfp4_gemv_sm90(const void* x, const void* q, const void* scale, const float* s2, float* y, int M, int N,
-                           int K, int k_splits, int n_tiles, cudaStream_t stream) {
-  if (n_tiles == 4) ninfer_sm90::launch<4>(x, q, scale, s2, y, M, N, K, k_splits, stream);
-  else if (n_tiles == 2) ninfer_sm90::launch<2>(x, q, scale, s2, y, M, N, K, k_splits, stream);
-  else ninfer_sm90::launch<1>(x, q, scale, s2, y, M, N, K, k_splits, stream);
+// (n_tiles, warps) in {(1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4), (4, 8)}; N % (8 * n_tiles) == 0.
+// Returns the launch's error code (cudaErrorInvalidValue for another combination).
+int ninfer_nvfp4_gemv_sm90(const void* x, const void* q, const void* scale, const float* s2, void* y, int M, int N,
+                           int K, int n_tiles, int warps, cudaStream_t stream) {
+  using namespace ninfer_sm90;
+  switch (n_tiles * 100 + warps) {
+    case 104: launch<1, 4>(x, q, scale, s2, y, M, N, K, stream); break;
+    case 108: launch<1, 8>(x, q, scale, s2, y, M, N, K, stream); break;
+    case 116: launch<1, 16>(x, q, scale, s2, y, M, N, K, stream); break;
+    case 204: launch<2, 4>(x, q, scale, s2, y, M, N, K, stream); break;
+    case 208: launch<2, 8>(x, q, scale, s2, y, M, N, K, stream); break;
+    case 404: launch<4, 4>(x, q, scale, s2, y, M, N, K, stream); break;
+    case 408: launch<4, 8>(x, q, scale, s2, y, M, N, K, stream); break;
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
   return static_cast<int>(cudaGetLastError());
 }

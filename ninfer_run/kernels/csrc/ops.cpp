@@ -5,13 +5,13 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-int ninfer_nvfp4_gemv_sm90(const void* x, const void* q, const void* scale, const float* s2, float* y, int M, int N,
-                           int K, int k_splits, int n_tiles, cudaStream_t stream);
+int ninfer_nvfp4_gemv_sm90(const void* x, const void* q, const void* scale, const float* s2, void* y, int M, int N,
+                           int K, int n_tiles, int warps, cudaStream_t stream);
 
 namespace {
 
 void nvfp4_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, const at::Tensor& s2,
-                at::Tensor& y, int64_t k_splits, int64_t n_tiles) {
+                at::Tensor& y, int64_t n_tiles, int64_t warps) {
   const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x: contiguous bf16 on CUDA");
   TORCH_CHECK(n_tiles == 1 || n_tiles == 2 || n_tiles == 4, "nvfp4_gemv: n_tiles is 1, 2 or 4");
@@ -20,20 +20,20 @@ void nvfp4_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scal
   TORCH_CHECK(q.scalar_type() == at::kByte && q.is_contiguous() && q.size(1) * 2 == K, "q: u8 [N, K/2]");
   TORCH_CHECK(scale.element_size() == 1 && scale.is_contiguous() && scale.numel() == N * K / 16, "scale: e4m3 [N, K/16]");
   TORCH_CHECK(s2.scalar_type() == at::kFloat && s2.numel() == 1 && s2.is_cuda(), "s2: one float32 on CUDA");
-  TORCH_CHECK(y.scalar_type() == at::kFloat && y.is_contiguous() && y.size(0) == M && y.size(1) == N, "y: f32 [M, N]");
+  TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.is_contiguous() && y.size(0) == M && y.size(1) == N,
+              "y: bf16 [M, N]");
   for (const at::Tensor* t : {&x, &q, &scale, static_cast<const at::Tensor*>(&y)})
     TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, "nvfp4_gemv: operands must be 16-byte aligned");
   const c10::cuda::CUDAGuard guard(x.device());
   const int err = ninfer_nvfp4_gemv_sm90(x.data_ptr(), q.data_ptr(), scale.data_ptr(), s2.data_ptr<float>(),
-                                         y.data_ptr<float>(), M, N, K, k_splits, n_tiles,
-                                         c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == 0, "nvfp4_gemv launch failed: CUDA error ", err);
+                                         y.data_ptr(), M, N, K, n_tiles, warps, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == 0, "nvfp4_gemv launch failed (n_tiles ", n_tiles, ", warps ", warps, "): CUDA error ", err);
 }
 
 }  // namespace
 
 TORCH_LIBRARY(ninfer, m) {
-  m.def("nvfp4_gemv(Tensor x, Tensor q, Tensor scale, Tensor s2, Tensor(a!) y, int k_splits, int n_tiles) -> ()");
+  m.def("nvfp4_gemv(Tensor x, Tensor q, Tensor scale, Tensor s2, Tensor(a!) y, int n_tiles, int warps) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ninfer, CUDA, m) { m.impl("nvfp4_gemv", &nvfp4_gemv); }
