@@ -14,10 +14,14 @@ is what the CPU tests check against the eager batched decode.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from .kv.pool import BlockPool
 from .state import GDNSlab, SequenceState, StaticBatch
+
+log = logging.getLogger("ninfer.graphs")
 
 
 class _Bucket:
@@ -109,7 +113,11 @@ class GraphedDecoder:
         bucket = self._bucket(len(states), q_len)
         bucket.stage(tokens, states, slots)
         if self.capture and bucket.graph is None:
-            self._capture(bucket)  # on this step's real rows: nothing else is written
+            try:
+                self._capture(bucket)  # on this step's real rows: nothing else is written
+            except Exception as err:  # noqa: BLE001 - a step that cannot be captured still runs, eagerly
+                log.warning("CUDA graph capture failed (%s); decode steps run eagerly from now on", err)
+                self.capture, bucket.graph = False, None
         if bucket.graph is not None:
             bucket.graph.replay()
             hidden, logits = bucket.out
@@ -158,14 +166,16 @@ class GraphedDecoder:
         GDN states: those are saved first and put back."""
         batch = bucket.batch
         saved = None if self.slab is None else self.slab.gather(batch.state_slots)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.model.forward_static(batch)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        if saved is not None:
-            self.slab.scatter(batch.state_slots, saved)
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.model.forward_static(batch)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+        finally:  # also when the warm-up fails: the eager step that follows needs the states as they were
+            if saved is not None:
+                self.slab.scatter(batch.state_slots, saved)
         bucket.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(bucket.graph, pool=self.mempool):
             bucket.out = self.model.forward_static(batch)

@@ -33,6 +33,17 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, offset
     return weight.to(x.dtype) * normed.to(x.dtype)
 
 
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float,
+                 offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + h, rms_norm(x + h)): a layer's residual add and the norm after it, one fused kernel on CUDA."""
+    if x.is_cuda and x.dtype in HALF:
+        from .kernels import norms
+
+        return norms.add_rms_norm(x, h, weight, eps, offset)
+    s = x + h
+    return s, rms_norm_reference(s, weight, eps, offset)
+
+
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Gated DeltaNet output norm; one fused kernel on CUDA (kernels/norms.py), else the reference."""
     if x.is_cuda and x.dtype in HALF:
@@ -99,4 +110,17 @@ def linear(x: torch.Tensor, weight) -> torch.Tensor:
 
 
 def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
-    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
+    return linear(silu_mul(linear(x, gate), linear(x, up)), down)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up; one fused kernel on CUDA (kernels/activations.py), else the reference."""
+    if gate.is_cuda and gate.dtype in HALF:
+        from .kernels.activations import silu_mul as fused
+
+        return fused(gate, up)
+    return silu_mul_reference(gate, up)
+
+
+def silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up

@@ -94,7 +94,9 @@ def step_reference(q, k, v, g, beta, states):
 
 
 def gated_delta_step(q, k, v, g, beta, states):
-    """`step_reference`'s contract; fla-core's recurrent kernel (B sequences, one token each) on CUDA."""
+    """`step_reference`'s contract; fla-core's recurrent kernel (B sequences, one token each) on CUDA,
+    whose output comes in v's dtype (the kernel rounds it there; a float32 copy would only be cast
+    back by the caller: two more kernels per layer and token)."""
     if not available(v.device):
         return step_reference(q, k, v, g, beta, states)
     _, recurrent = _fla()  # by keyword: it takes gk/gv between g and beta
@@ -102,7 +104,7 @@ def gated_delta_step(q, k, v, g, beta, states):
                            g=g[:, None].float().contiguous(), beta=beta[:, None].float().contiguous(),
                            initial_state=states.contiguous(), scale=q.shape[-1] ** -0.5,
                            use_qk_l2norm_in_kernel=True, output_final_state=True)
-    return out[:, 0].float(), final
+    return out[:, 0], final
 
 
 def gates_reference(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):

@@ -1,4 +1,5 @@
-"""RMSNorm and the Gated DeltaNet output norm as one Triton kernel each (GPU): the torch versions in
+"""RMSNorm (alone, or after the residual add) and the Gated DeltaNet output norm as one Triton kernel
+each (GPU): the torch versions in
 layers.py take ~9 small kernels per call, and a 27B decode step makes ~210 of these calls
 (tools/results/decode_profile_h200.txt: host launch overhead dominates decode).
 
@@ -22,15 +23,19 @@ def _round(v, dtype: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, D, eps, offset,
-                     BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, D, eps, offset,
+                     BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
+                     RESIDUAL: tl.constexpr):
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     ok = d < D
+    dtype = y_ptr.dtype.element_ty
     x = tl.load(x_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32)
+    if RESIDUAL:  # the residual sum x + h, rounded as torch's add rounds it, is stored and normalized
+        x = _round(x + tl.load(h_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32), dtype)
+        tl.store(s_ptr + row * D + d, x.to(dtype), mask=ok)
     normed = x * tl.rsqrt(tl.sum(x * x, 0) / D + eps)
     w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
-    dtype = y_ptr.dtype.element_ty
     if OFFSET:
         y = normed * (offset + w)
     elif IN_DTYPE:  # weight and cast value multiplied in the activation dtype (rounded)
@@ -44,20 +49,29 @@ def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, D, eps, offset,
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gate: torch.Tensor | None,
-            in_dtype: bool):
+            in_dtype: bool, residual: torch.Tensor | None = None):
+    """-> normed (and, with `residual`, first the sum x + residual that was normalized)."""
     d = x.shape[-1]
     x2 = x.reshape(-1, d).contiguous()
     g2 = gate.reshape(-1, d).contiguous() if gate is not None else x2
+    h2 = residual.reshape(-1, d).contiguous() if residual is not None else x2
     y = torch.empty_like(x2)
-    _rms_norm_kernel[(x2.shape[0],)](x2, weight.contiguous(), g2, y, d, eps, float(offset),
+    s = torch.empty_like(x2) if residual is not None else y
+    _rms_norm_kernel[(x2.shape[0],)](x2, weight.contiguous(), g2, y, h2, s, d, eps, float(offset),
                                      BLOCK=triton.next_power_of_2(d), OFFSET=bool(offset), GATED=gate is not None,
-                                     IN_DTYPE=in_dtype)
-    return y.view(x.shape)
+                                     IN_DTYPE=in_dtype, RESIDUAL=residual is not None)
+    return (s.view(x.shape), y.view(x.shape)) if residual is not None else y.view(x.shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
     """layers.rms_norm's contract, one kernel."""
     return _launch(x, weight, eps, offset, None, in_dtype=True)
+
+
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float,
+                 offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """layers.add_rms_norm's contract (the residual sum and its norm), one kernel."""
+    return _launch(x, weight, eps, offset, None, in_dtype=True, residual=h)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

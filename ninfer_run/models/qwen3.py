@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..layers import apply_rope, linear, rms_norm, rope_cos_sin, swiglu_mlp
+from ..layers import add_rms_norm, apply_rope, linear, rms_norm, rope_cos_sin, swiglu_mlp
 from ..state import Segments, advance, attend, rope_positions
 from .base import CausalLM
 
@@ -68,8 +68,8 @@ class Model(CausalLM):
         x = F.embedding(tokens.to(w["model.embed_tokens.weight"].device), w["model.embed_tokens.weight"])
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            x = x + self._attention(p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], c.eps, 0.0), i, segments)
-            y = rms_norm(x, w[p + "post_attention_layernorm.weight"], c.eps, 0.0)
+            h = self._attention(p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], c.eps, 0.0), i, segments)
+            x, y = add_rms_norm(x, h, w[p + "post_attention_layernorm.weight"], c.eps, 0.0)
             x = x + swiglu_mlp(y, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
         advance(segments)
         return rms_norm(x, w["model.norm.weight"], c.eps, 0.0)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates
-from ..layers import apply_rope, gated_rms_norm, linear, rms_norm, rope_cos_sin, swiglu_mlp
+from ..layers import add_rms_norm, apply_rope, gated_rms_norm, linear, rms_norm, rope_cos_sin, swiglu_mlp
 from ..state import Segments, SequenceState, StaticBatch, advance, attend, per_sequence, rope_positions
 from .base import CausalLM
 
@@ -168,8 +168,8 @@ class Model(CausalLM):
 
     def _layer(self, w, x: torch.Tensor, mixer) -> torch.Tensor:
         c = self.cfg
-        x = x + mixer(rms_norm(x, w("input_layernorm.weight"), c.eps, 1.0))
-        y = rms_norm(x, w("post_attention_layernorm.weight"), c.eps, 1.0)
+        x, y = add_rms_norm(x, mixer(rms_norm(x, w("input_layernorm.weight"), c.eps, 1.0)),
+                            w("post_attention_layernorm.weight"), c.eps, 1.0)
         return x + swiglu_mlp(y, w("mlp.gate_proj.weight"), w("mlp.up_proj.weight"), w("mlp.down_proj.weight"))
 
     def _run(self, tokens: torch.Tensor, segments: Segments) -> torch.Tensor:

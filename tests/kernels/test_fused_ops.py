@@ -55,3 +55,27 @@ def test_gdn_gates_match_reference(rows):
     got, want = gdn_gates(a, b, a_log, dt_bias), gates_reference(a, b, a_log, dt_bias)
     for x, y in zip(got, want):
         assert x.dtype == y.dtype == torch.float32 and _rel(x, y) < 1e-5
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_add_rms_norm_matches_reference(offset):
+    """The residual add and the norm after it in one kernel: the sum as torch rounds it, and its norm."""
+    g = torch.Generator().manual_seed(11 + int(offset))
+    x = (torch.randn(4, 640, generator=g) * 3).to(DEVICE, DTYPE)
+    h = torch.randn(4, 640, generator=g).to(DEVICE, DTYPE)
+    w = (torch.randn(640, generator=g) * 0.1 + (0 if offset else 1)).to(DEVICE, DTYPE)
+    total, normed = norms.add_rms_norm(x, h, w, 1e-6, offset)
+    assert torch.equal(total, x + h)  # one rounding of an exact float32 sum: bit for bit
+    want = layers.rms_norm_reference(x + h, w, 1e-6, offset)
+    assert normed.dtype == want.dtype and _rel(normed, want) < 4e-3
+
+
+@pytest.mark.parametrize("n", [1, 5120, 3 * 17408 + 5])
+def test_silu_mul_matches_reference(n):
+    from ninfer_run.kernels.activations import silu_mul
+
+    g = torch.Generator().manual_seed(n)
+    gate = (torch.randn(n, generator=g) * 4).to(DEVICE, DTYPE)
+    up = torch.randn(n, generator=g).to(DEVICE, DTYPE)
+    got, want = silu_mul(gate, up), layers.silu_mul_reference(gate, up)
+    assert got.shape == want.shape and got.dtype == want.dtype and _rel(got, want) < 4e-3

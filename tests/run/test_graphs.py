@@ -60,6 +60,18 @@ def test_static_decode_equals_decode_batch(tiny_model, model_id):
             assert _rel(b.recurrent[i], a.recurrent[i]) < 1e-4 and _rel(b.conv[i], a.conv[i]) < 1e-4
 
 
+def test_a_failed_capture_falls_back_to_eager_steps(tiny_model, caplog):
+    """Where a step cannot be captured (here: no CUDA at all), decoding goes on eagerly, same logits."""
+    model = tiny_model("tiny-qwen3.5")
+    pool, layers, decoder = _setup(model, max_batch=2)
+    eager, static = _prefilled_twice(model, pool, layers, _prompts(2, seed=11))
+    decoder.capture = True  # pretend: the capture will fail on this CPU
+    for tokens in ([3, 4], [5, 6]):
+        want = model.decode_batch(torch.tensor(tokens), eager)
+        assert _rel(decoder.decode(tokens, static), want) < 1e-3
+    assert not decoder.capture and decoder.replays == 0 and "capture failed" in caplog.text
+
+
 def test_release_gives_the_state_back_and_frees_the_slot(tiny_model):
     model = tiny_model("tiny-qwen3.5")
     pool, layers, decoder = _setup(model, max_batch=2)
