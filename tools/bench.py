@@ -13,7 +13,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - decode: aggregate tok/s at C = 1, 2, 4, 8 vs the weight-bandwidth roofline (bytes every token reads);
   - MTP (--draft-tokens 3) at C = 1: at the real acceptance (random weights: near 0) and at a forced
     one (each draft made the target's argmax with probability 0.69: ~50% of drafts accepted);
-  - a torch.profiler table of 8 decode steps (decode_profile.txt): where a token's time goes;
+  - a torch.profiler table of 8 decode steps (decode_profile.txt): where a token's time goes; with
+    --profile-prefill N, one of an N-token prefill too (prefill_profile.txt);
   - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
@@ -24,6 +25,7 @@ so a run cut short keeps what it measured; PNG and a table of ratios last.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import random
@@ -106,10 +108,22 @@ def _prompt(n: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(10, vocab, (n,), generator=g).tolist()
 
 
-def prefill(model, tokens: int, chunk: int, seed: int) -> dict:
+def _profiled(run, profile_to: Path | None) -> None:
+    """run(); with `profile_to`, under torch.profiler, its top ops (by GPU, then CPU time) written there."""
+    if profile_to is None:
+        return run()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+    ops = prof.key_averages()
+    profile_to.write_text(ops.table(sort_by="self_cuda_time_total", row_limit=30) + "\n"
+                          + ops.table(sort_by="self_cpu_time_total", row_limit=30))
+
+
+def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None = None) -> dict:
     engine = build_engine(model, EngineConfig(max_context=tokens + 64, prefill_chunk=chunk, max_frontiers=1))
     result = engine.submit(Request(_prompt(tokens, model.cfg.vocab_size, seed), max_tokens=1, params=GREEDY))
-    engine.run_until_done()
+    _profiled(engine.run_until_done, profile_to)
     _sync()
     ttft = result.first_token - result.admitted
     del engine
@@ -126,32 +140,34 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
     engine = build_engine(model, config)
     if forced:
         engine.verify_forward = ForcedAcceptance(engine.verify_forward, seed)
-    results = [engine.submit(Request(_prompt(prompt, model.cfg.vocab_size, seed + i), max_tokens=new_tokens,
-                                     params=GREEDY)) for i in range(concurrency)]
+    # room past the timed tokens: speculative steps keep their full draft count (and their captured
+    # graph) up to the end of the timed part; the shorter last steps run after it
+    results = [engine.submit(Request(_prompt(prompt, model.cfg.vocab_size, seed + i),
+                                     max_tokens=new_tokens + draft_tokens + 1, params=GREEDY))
+               for i in range(concurrency)]
     engine.step()  # admission + the whole prompt (one chunk) + the first token of every sequence
     engine.step()  # the first decode step: a graphed engine captures its batch size's graph here
     _sync()
     start_tokens, t0 = sum(len(r.tokens) for r in results), time.perf_counter()
-    if profile_to is None:
-        engine.run_until_done()
-    else:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
-            engine.run_until_done()
+
+    _profiled(functools.partial(_steps_until, engine, results, new_tokens), profile_to)
     _sync()
     seconds = time.perf_counter() - t0
-    if profile_to is not None:
-        ops = prof.key_averages()
-        profile_to.write_text(ops.table(sort_by="self_cuda_time_total", row_limit=25) + "\n"
-                              + ops.table(sort_by="self_cpu_time_total", row_limit=25))
     made = sum(len(r.tokens) for r in results) - start_tokens
     drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+    engine.run_until_done()
     row = {"concurrency": concurrency, "draft_tokens": draft_tokens, "forced": forced,
            "tokens": made, "seconds": seconds, "tok_s": made / seconds,
            "acceptance": accepted / drafted if drafted else None}
     del engine
     gc.collect()
     return row
+
+
+def _steps_until(engine, results, tokens: int) -> None:
+    """Engine steps until every result holds `tokens` tokens (or has finished)."""
+    while any(len(r.tokens) < tokens and not r.done for r in results):
+        engine.step()
 
 
 class ForcedAcceptance:
@@ -305,6 +321,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8192, help="prefill chunk (tokens)")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--profile-prefill", type=int, default=0, metavar="TOKENS",
+                        help="also profile one prefill of this many tokens (prefill_profile.txt)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
@@ -342,6 +360,8 @@ def main() -> None:
             p["prefill"].append(row)
             save()
             print(f"[{profile}] prefill {tokens}: {row['ttft_s']:.2f} s", flush=True)
+        if args.profile_prefill and n == 0:
+            prefill(model, args.profile_prefill, args.chunk, seed=7, profile_to=args.out / "prefill_profile.txt")
         decode(model, 1, 4, 128)  # warm-up
         for c in args.concurrency if n == 0 else [1]:
             row = decode(model, c, args.new_tokens, 512)
