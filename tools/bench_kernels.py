@@ -102,11 +102,12 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
         qi, si = _int4_weight(n, k, device)
         for m in ((1, 4, 8, 16) if time_it else (1, 16)):
             x = torch.randn(m, k, device=device).to(dtype)
-            cuda = cuda_ops.nvfp4_gemv_fits(x, n)
+            cuda = cuda_ops.gemv_fits(x, n)
             checks = {"nvfp4": _rel(nvfp4_linear.gemv(x, q, s8, s2), nvfp4_linear.reference(x, q, s8, s2)),
                       "int4": _rel(int_linear.gemv(x, qi, si, None, 4, 128), int_linear.reference(x, qi, si, None, 4, 128))}
             if cuda:
                 checks["nvfp4_cuda"] = _rel(cuda_ops.nvfp4_gemv(x, q, s8, s2), nvfp4_linear.reference(x, q, s8, s2))
+                checks["int4_cuda"] = _rel(cuda_ops.int4_gemv(x, qi, si, None), int_linear.reference(x, qi, si, None, 4, 128))
             row = {"linear": name, "N": n, "K": k, "M": m, "rel_err": checks}
             if time_it:
                 nv_bytes = n * k // 2 + n * k // 16
@@ -124,7 +125,9 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                     row["nvfp4_cuda_shapes_us"] = {
                         f"{t}x{w}": 1000 * _bench(_rotating(lambda q, s=(t, w): cuda_ops.nvfp4_gemv(x, *q, shape=s), nv))
                         for t, w in sorted(cuda_ops.GEMV_SHAPES) if n % (8 * t) == 0 and w <= k // 128}
-                row["int4_ms"] = _bench(_rotating(lambda w: int_linear.gemv(x, w[0], w[1], None, 4, 128), i4))
+                row["int4_triton_ms"] = _bench(_rotating(lambda w: int_linear.gemv(x, w[0], w[1], None, 4, 128), i4))
+                row["int4_ms"] = _bench(_rotating(lambda w: cuda_ops.int4_gemv(x, w[0], w[1], None), i4)) if cuda \
+                    else row["int4_triton_ms"]
                 row["bf16_peer_ms"] = _bench(_rotating(lambda w: x @ w, bf))
                 row["nvfp4_GB_s"] = nv_bytes / row["nvfp4_ms"] / 1e6
                 row["int4_GB_s"] = i4_bytes / row["int4_ms"] / 1e6
@@ -268,7 +271,8 @@ def table(results: dict) -> str:
                          f"triton {r['nvfp4_triton_ms'] * 1000:.0f} us; tiles x warps "
                          f"{' '.join(f'{s}:{v:.0f}' for s, v in r.get('nvfp4_cuda_shapes_us', {}).items())} us, "
                          f"default {r.get('nvfp4_cuda_default_shape')})  "
-                         f"int4 {r['int4_GB_s']:6.0f} GB/s ({r['int4_vs_peer']:.2f}x bf16)")
+                         f"int4 {r['int4_GB_s']:6.0f} GB/s ({r['int4_vs_peer']:.2f}x bf16; triton "
+                         f"{r['int4_triton_ms'] * 1000:.0f} us)")
         else:
             lines.append(f"gemv {r['linear']} M={r['M']} rel err {r['rel_err']}")
     for r in results.get("prefill", []):

@@ -5,8 +5,10 @@ versions (NINFER_CACHE, else ~/.cache/ninfer), so a machine compiles once. CPU i
 the sm_90a code cannot run on never build it; a failed build (no nvcc, say) warns once and the
 callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off.
 
-  nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16) -> bf16: csrc/nvfp4_gemv_sm90.cu;
+  nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16) -> bf16: csrc/quant_gemv_sm90.cu;
                its reference is nvfp4_linear.reference.
+  int4_gemv    the same for int4 group-128 weights (symmetric or with zero points); its reference is
+               int_linear.reference.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("ops.cpp", "nvfp4_gemv_sm90.cu")
+SOURCES = ("ops.cpp", "quant_gemv_sm90.cu")
 CUDA_FLAGS = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo"]
 TILE_K = 128  # K per warp tile of nvfp4_gemv
 GEMV_SHAPES = {(1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4), (4, 8)}  # (n-tiles per warp, warps per block)
@@ -55,10 +57,15 @@ def available() -> bool:
     return True
 
 
-def nvfp4_gemv_fits(x: torch.Tensor, n: int) -> bool:
-    """Whether nvfp4_gemv takes these rows: bf16, 1..16 of them, K % 128 == 0, N % 8 == 0."""
+def gemv_fits(x: torch.Tensor, n: int) -> bool:
+    """Whether the CUDA GEMVs take these rows: bf16, 1..16 of them, K % 128 == 0, N % 8 == 0."""
     m, k = x.shape
     return x.dtype == torch.bfloat16 and 1 <= m <= 16 and k % TILE_K == 0 and n % 8 == 0 and available()
+
+
+def int4_gemv_fits(x: torch.Tensor, n: int, bits: int, group: int, scale: torch.Tensor) -> bool:
+    """gemv_fits, for int4 weights in groups of 128 (one group per K tile) with bf16 scales."""
+    return bits == 4 and group == TILE_K and scale.dtype == torch.bfloat16 and gemv_fits(x, n)
 
 
 def gemv_shape(n: int, k: int, device: torch.device) -> tuple[int, int]:
@@ -83,4 +90,14 @@ def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple
     y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
     s2 = global_scale.reshape(1).to(device=x.device, dtype=torch.float32)
     torch.ops.ninfer.nvfp4_gemv(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, tiles, warps)
+    return y
+
+
+def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int] | None = None) -> torch.Tensor:
+    """x [M <= 16, K] bf16 -> y [M, N] bf16: int_linear.reference's (4 bits, group 128) float32 sums,
+    rounded once. `shape`: (tiles, warps), see gemv_shape."""
+    n, k = qweight.shape[0], x.shape[1]
+    tiles, warps = shape or gemv_shape(n, k, x.device)
+    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
+    torch.ops.ninfer.int4_gemv(x.contiguous(), qweight, scale, zero_point, y, tiles, warps)
     return y

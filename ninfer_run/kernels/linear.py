@@ -1,7 +1,7 @@
 """Quantized weights that apply themselves (layers.linear calls them): the GPU path's linear layer.
 
 Few rows (decode, MTP verification: T <= 16) run the GEMV kernels straight from the packed weight
-(NVFP4 on Hopper: the CUDA kernel of cuda_ops, else Triton);
+(NVFP4 and int4-g128 on Hopper: the CUDA kernels of cuda_ops, else Triton);
 more rows (prefill chunks) dequantize into one shared bf16 scratch buffer, sized to the largest
 weight, and run a single cuBLAS matmul. The weight's parts are the artifact's logical (row-major)
 parts, on the device.
@@ -47,11 +47,13 @@ class QuantizedLinear:
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
         p = self.parts
         if self.scheme["kind"] == "nvfp4":
-            if cuda_ops.nvfp4_gemv_fits(x, self.shape[0]):
+            if cuda_ops.gemv_fits(x, self.shape[0]):
                 return cuda_ops.nvfp4_gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
             return nvfp4_linear.gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
-        return int_linear.gemv(x, p["qweight"], p["scale"], p.get("zero_point"), self.scheme["bits"],
-                               self.scheme["group_size"])
+        bits, group = self.scheme["bits"], self.scheme["group_size"]
+        if cuda_ops.int4_gemv_fits(x, self.shape[0], bits, group, p["scale"]):
+            return cuda_ops.int4_gemv(x, p["qweight"], p["scale"], p.get("zero_point"))
+        return int_linear.gemv(x, p["qweight"], p["scale"], p.get("zero_point"), bits, group)
 
     def _dequantize(self, out: torch.Tensor) -> torch.Tensor:
         p = self.parts

@@ -41,3 +41,23 @@ def test_dequantize_is_the_reference_rounded_the_same_way(bits, group, symmetric
     k.dequantize(p["qweight"], p["scale"], p.get("zero_point"), bits, group, kk, out=out)
     assert torch.equal(out, k.reference_dequantize(p["qweight"], p["scale"], p.get("zero_point"), bits, group, kk,
                                                    dtype))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (4, 17408, 5120), (9, 1024, 5120), (16, 48, 5120), (1, 8, 128)])
+def test_cuda_int4_gemv_matches_reference(m, n, kk, symmetric):
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    p = _weight(n, kk, 4, 128, symmetric, m * n)
+    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(kk + m)).to(DEVICE, DTYPE)
+    ref = k.reference(x, p["qweight"], p["scale"], p.get("zero_point"), 4, 128)
+    for tiles, warps in sorted(cuda_ops.GEMV_SHAPES):
+        if n % (8 * tiles) == 0 and warps <= kk // 128:
+            out = cuda_ops.int4_gemv(x, p["qweight"], p["scale"], p.get("zero_point"), shape=(tiles, warps))
+            assert out.shape == (m, n) and out.dtype == torch.bfloat16 and not torch.isnan(out).any()
+            # the float32 reference rounded once to bf16 (sums in another order: ~1e-6 of the largest)
+            err = (out.float() - ref).abs()
+            assert bool((err <= ref.abs() * 2**-8 + 1e-5 * ref.abs().max()).all()), (tiles, warps)
