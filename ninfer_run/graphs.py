@@ -43,15 +43,17 @@ class _Bucket:
     def stage(self, tokens: list[int], states: list[SequenceState], slots: list[int]) -> None:
         """Write the step's rows (q_len tokens of each sequence) into the host image, copy it over."""
         t = self.batch.q_len
+        positions, kv_slots = [], []
         for b, st in enumerate(states):
             length, blocks = st.length, st.kv.blocks
-            for j in range(t):
-                self.rows[:, b * t + j] = torch.tensor([tokens[b * t + j], length + j + st.position_offset,
-                                                        st.kv.slot(length + j)])
-            self.slots[b], self.lens[b] = slots[b], length + t
+            positions += range(length + st.position_offset, length + st.position_offset + t)
+            kv_slots += (st.kv.slot(length + j) for j in range(t))
             if self.owners[b] != (id(st), blocks):  # only a new or grown table is rewritten
                 self.table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
                 self.owners[b] = (id(st), list(blocks))
+        self.rows.copy_(torch.tensor([tokens, positions, kv_slots]))  # one host tensor per step, not one per row
+        self.slots.copy_(torch.tensor(slots))
+        self.lens.copy_(torch.tensor([st.length + t for st in states], dtype=torch.int32))
         batch = self.batch
         for dst, src in ((batch.tokens, self.rows[0]), (batch.positions, self.rows[1]), (batch.kv_slots, self.rows[2]),
                          (batch.state_slots, self.slots), (batch.tables, self.table), (batch.lens, self.lens)):

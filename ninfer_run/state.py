@@ -151,24 +151,28 @@ class GDNSlab:
                           for i, (c, dt, _) in shapes.items()} if steps else {}
         self.step_recurrent = {i: torch.zeros(slots, steps, *r, dtype=torch.float32, device=device)
                                for i, (_, _, r) in shapes.items()} if steps else {}
+        # each slot's views, made once: attach runs every step for every sequence, and compares identities
+        self._views = [[(i, self.conv[i][slot], self.recurrent[i][slot]) for i in self.conv] for slot in range(slots)]
+        self._step_views = [{i: [(self.step_conv[i][slot, j], self.step_recurrent[i][slot, j]) for j in range(steps)]
+                             for i in self.conv} for slot in range(slots)] if steps else []
 
     def attach(self, state: SequenceState, slot: int) -> None:
         """Make `state`'s GDN entries views of `slot`, copying in whatever they held (a rollback or a
         restored prefix replaced them); entries that already are those views stay."""
-        for i in self.conv:
-            for held, slab in ((state.conv, self.conv[i]), (state.recurrent, self.recurrent[i])):
-                view = slab[slot]
+        conv, recurrent = state.conv, state.recurrent
+        for i, conv_view, recurrent_view in self._views[slot]:
+            for held, view in ((conv, conv_view), (recurrent, recurrent_view)):
                 current = held.get(i)
-                if current is None or current.data_ptr() != view.data_ptr():
+                if current is not view:
                     view.copy_(current) if current is not None else view.zero_()
                     held[i] = view
 
     def detach(self, state: SequenceState, slot: int) -> None:
         """Give `state` its own copies again (its slot is about to serve another sequence)."""
-        for i in self.conv:
-            for held, slab in ((state.conv, self.conv[i]), (state.recurrent, self.recurrent[i])):
-                if i in held and held[i].data_ptr() == slab[slot].data_ptr():
-                    held[i] = held[i].clone()
+        for i, conv_view, recurrent_view in self._views[slot]:
+            for held, view in ((state.conv, conv_view), (state.recurrent, recurrent_view)):
+                if held.get(i) is view:
+                    held[i] = view.clone()
         state.steps = {}  # views of the slot's verify states
 
     def gather(self, slots: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -187,8 +191,7 @@ class GDNSlab:
 
     def step_views(self, slot: int, tokens: int) -> dict[int, list[tuple[torch.Tensor, torch.Tensor]]]:
         """SequenceState.steps for the last verify of `tokens` tokens in `slot`."""
-        return {i: [(self.step_conv[i][slot, j], self.step_recurrent[i][slot, j]) for j in range(tokens)]
-                for i in self.conv}
+        return {i: views[:tokens] for i, views in self._step_views[slot].items()}
 
 
 class StaticBatch:
