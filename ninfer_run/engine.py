@@ -136,7 +136,8 @@ def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.
         mtp_pool = BlockPool.for_context(mtp_layout, config.max_context, device)
     engine = Engine(model, cache, config, clock, mtp_pool, media)
     if graphs:
-        engine.graphs = GraphedDecoder(model, pool, layers, config.max_concurrency, model.dtype, config.draft_tokens)
+        engine.graphs = GraphedDecoder(model, pool, layers, config.max_concurrency, model.dtype, config.draft_tokens,
+                                       mtp_pool)
         engine.verify_forward = engine.graphs.verify
     return engine
 
@@ -255,7 +256,7 @@ class Engine:
             self._emit(run, [next_token(logits[-1], req.params, run.generator)], fed=1)
             return
         n = min(self.config.draft_tokens, req.max_tokens - len(run.result.tokens))
-        drafts = run.drafter.propose(n)
+        drafts = self.graphs.propose(run.drafter, n) if self.graphs is not None else run.drafter.propose(n)
         self._ensure_room(run, n + 1)
         new = verify_step(self.verify_forward, run.state, last, drafts, req.params, run.generator, self.spec_stats)
         run.result.drafted += len(drafts)

@@ -64,14 +64,58 @@ class _Bucket:
         self.owners = [None if o is not None and o[0] == state_id else o for o in self.owners]
 
 
+class _Drafts:
+    """One draft count n: the MTP head's n - 1 chained forwards (each fed the previous argmax on the
+    device) as one step. Inputs: the last observed hidden state and logits, and per forward its
+    position, KV slot and length; output: the n draft tokens."""
+
+    def __init__(self, n: int, pool: BlockPool, hidden: int, vocab: int, dtype: torch.dtype, device):
+        self.n = n
+        self.batch = StaticBatch(1, pool, {-1: 0}, None, device)  # the head's pool, its one layer
+        self.hidden = torch.zeros(1, hidden, dtype=dtype, device=device)
+        self.logits = torch.zeros(vocab, dtype=dtype, device=device)
+        long = dict(dtype=torch.long, device=device)
+        self.positions, self.kv_slots = torch.zeros(n - 1, **long), torch.zeros(n - 1, **long)
+        self.lens = torch.zeros(n - 1, dtype=torch.int32, device=device)
+        self.drafts = torch.zeros(n, **long)
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def stage(self, drafter) -> None:
+        st = drafter.state
+        start, blocks = st.length, st.kv.blocks
+        self.hidden.copy_(drafter.hidden)
+        self.logits.copy_(drafter.logits)
+        self.positions.copy_(torch.tensor(range(start + st.position_offset, start + st.position_offset + self.n - 1)))
+        self.kv_slots.copy_(torch.tensor([st.kv.slot(start + s) for s in range(self.n - 1)]))
+        self.lens.copy_(torch.tensor(range(start + 1, start + self.n), dtype=torch.int32))
+        self.batch.tables[0, : len(blocks)].copy_(torch.tensor(blocks, dtype=torch.int32))
+
+    def run(self, model) -> None:
+        """The draft loop, on device tensors only (what the graph captures)."""
+        b = self.batch
+        token = self.logits.argmax(-1, keepdim=True)
+        self.drafts[:1].copy_(token)
+        hidden = self.hidden
+        for s in range(self.n - 1):
+            b.tokens.copy_(token)
+            b.positions.copy_(self.positions[s : s + 1])
+            b.kv_slots.copy_(self.kv_slots[s : s + 1])
+            b.lens.copy_(self.lens[s : s + 1])
+            hidden, logits = model.mtp_rows(hidden, b.tokens, b)
+            token = logits[-1].argmax(-1, keepdim=True)
+            self.drafts[s + 1 : s + 2].copy_(token)
+
+
 class GraphedDecoder:
     """Plain decode steps of up to `max_batch` sequences, and speculative verify forwards (one
     sequence, 2 .. draft_tokens + 1 tokens), through captured graphs (CUDA) or the same static
     forward run eagerly (elsewhere)."""
 
     def __init__(self, model, pool: BlockPool, layers: dict[int, int], max_batch: int, dtype: torch.dtype,
-                 draft_tokens: int = 0):
+                 draft_tokens: int = 0, mtp_pool: BlockPool | None = None):
         self.model, self.pool, self.layers, self.max_batch = model, pool, layers, max_batch
+        self.dtype, self.mtp_pool = dtype, mtp_pool
+        self.drafts: dict[int, _Drafts] = {}
         self.device = pool.k.device
         self.capture = self.device.type == "cuda"
         shapes = model.gdn_state_shapes(dtype)
@@ -107,6 +151,43 @@ class GraphedDecoder:
         if self.slab is not None:
             state.steps = self.slab.step_views(self.slot_of[id(state)], t)
         return hidden, logits
+
+    def propose(self, drafter, n: int) -> list[int]:
+        """`drafter.propose(n)`, its n - 1 head forwards captured as one graph per n."""
+        if n < 2 or self.mtp_pool is None or drafter.state.mm is not None:
+            return drafter.propose(n)
+        drafter.state.kv.reserve(drafter.state.length + n - 1)
+        if n not in self.drafts:
+            c = self.model.cfg
+            self.drafts[n] = _Drafts(n, self.mtp_pool, c.hidden_size, c.vocab_size, self.dtype, self.device)
+        d = self.drafts[n]
+        d.stage(drafter)
+        if self.capture and d.graph is None:
+            try:
+                d.graph, _ = self._captured(lambda: d.run(self.model))  # writes speculative KV slots only
+            except Exception as err:  # noqa: BLE001 - as for decode steps: go on eagerly
+                log.warning("CUDA graph capture failed (%s); draft steps run eagerly from now on", err)
+                self.capture = False
+        if d.graph is not None:
+            d.graph.replay()
+            self.replays += 1
+        else:
+            d.run(self.model)
+        return d.drafts.tolist()
+
+    def _captured(self, fn):
+        """fn warmed up twice on a side stream (Triton compiles, cuBLAS picks its kernels), then
+        captured -> (graph, what the captured call returned: tensors the replays rewrite)."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.mempool):
+            out = fn()
+        return graph, out
 
     def _step(self, tokens: list[int], states: list[SequenceState], q_len: int):
         for st in states:
@@ -163,21 +244,12 @@ class GraphedDecoder:
         return self.buckets[(size, q_len)]
 
     def _capture(self, bucket: _Bucket) -> None:
-        """Warm up (Triton compiles, cuBLAS picks its kernels) and capture, on the staged rows. The
-        warm-up forwards rewrite the rows' new K/V slots with the same values, but they advance the
-        GDN states: those are saved first and put back."""
+        """Capture on the staged rows. The warm-up forwards rewrite the rows' new K/V slots with the same
+        values, but they advance the GDN states: those are saved first and put back (capturing runs nothing)."""
         batch = bucket.batch
         saved = None if self.slab is None else self.slab.gather(batch.state_slots)
         try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self.model.forward_static(batch)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-        finally:  # also when the warm-up fails: the eager step that follows needs the states as they were
+            bucket.graph, bucket.out = self._captured(lambda: self.model.forward_static(batch))
+        finally:  # also when it fails: the eager step that follows needs the states as they were
             if saved is not None:
                 self.slab.scatter(batch.state_slots, saved)
-        bucket.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(bucket.graph, pool=self.mempool):
-            bucket.out = self.model.forward_static(batch)

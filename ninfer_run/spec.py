@@ -65,15 +65,15 @@ class MTPDrafter:
             raise ValueError("this artifact has no MTP head (packed with --no-mtp, or the model has none)")
         self.model = model
         self.state = SequenceState(position_offset=position_offset, **({"kv": kv} if kv is not None else {}))
-        self._hidden = self._logits = None
+        self.hidden = self.logits = None
 
     def observe(self, hidden: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Feed verified target hidden states h_t with their successor tokens x_{t+1}."""
         d, logits = self.model.mtp_forward(hidden, next_tokens, self.state)
-        self._hidden, self._logits = d[-1:], logits[-1]
+        self.hidden, self.logits = d[-1:], logits[-1]  # what the next proposal starts from
 
     def propose(self, n: int) -> list[int]:
-        drafts, hidden, logits = [], self._hidden, self._logits
+        drafts, hidden, logits = [], self.hidden, self.logits
         start = self.state.length
         for _ in range(n):
             drafts.append(int(logits.argmax()))

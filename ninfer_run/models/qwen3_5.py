@@ -198,15 +198,20 @@ class Model(CausalLM):
         """The MTP draft head: pairs (final-norm hidden h_t, token x_{t+1}) -> (its hidden, logits for
         x_{t+2}); own KV in `state`, positions those of h_t (vLLM's convention). As in vLLM, repeated
         draft steps reuse MTP layer 0 and feed its normed output back as the next hidden."""
+        segments = [(state, next_tokens.shape[0])]
+        out = self.mtp_rows(hidden, next_tokens, segments)
+        advance(segments)
+        return out
+
+    def mtp_rows(self, hidden: torch.Tensor, next_tokens: torch.Tensor, segments: Segments):
+        """mtp_forward over row segments, or a StaticBatch of the head's pool (a captured draft step)."""
         c, w = self.cfg, self.w
         embed = self._p("embed_tokens.weight")
         e = rms_norm(F.embedding(next_tokens.to(embed.device), embed), w["mtp.pre_fc_norm_embedding.weight"], c.eps, 1.0)
         h = rms_norm(hidden, w["mtp.pre_fc_norm_hidden.weight"], c.eps, 1.0)
         u = linear(torch.cat((e, h), dim=-1), w["mtp.fc.weight"])
         layer = (lambda name: w[f"mtp.layers.0.{name}"])
-        segments = [(state, next_tokens.shape[0])]
         u = self._layer(layer, u, lambda x: self._attention(layer, x, -1, segments))
-        advance(segments)
         d = rms_norm(u, w["mtp.norm.weight"], c.eps, 1.0)
         return d, linear(d, self.lm_head)
 

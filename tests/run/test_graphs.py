@@ -119,6 +119,26 @@ def test_static_verify_equals_forward_and_rolls_back(tiny_model):
     assert set(decoder.buckets) == {(1, 4), (1, 3)}
 
 
+def test_static_drafts_equal_the_heads_proposals(tiny_model):
+    """The MTP head's chained draft forwards as one static step propose what the eager head does."""
+    from ninfer_run.spec import MTPDrafter
+
+    model = tiny_model("tiny-qwen3.5")
+    c = model.cfg
+    mtp_pool = BlockPool(KVLayout(1, c.num_kv_heads, c.head_dim, 16, "int8"), 40)
+    pool, layers, _ = _setup(model, max_batch=1)
+    decoder = GraphedDecoder(model, pool, layers, 1, model.dtype, draft_tokens=3, mtp_pool=mtp_pool)
+    drafter = MTPDrafter(model, PagedKV(mtp_pool, {-1: 0}))
+    prompt = torch.tensor(_prompts(1, seed=12)[0])
+    hidden, _ = model.forward(prompt, SequenceState())
+    drafter.observe(hidden[:-1], prompt[1:])
+    for n in (3, 2, 3, 1):
+        static = decoder.propose(drafter, n)
+        assert static == drafter.propose(n) and len(static) == n
+        drafter.observe(hidden[-1:], torch.tensor(static[:1]))  # the next position, as after a verify
+    assert set(decoder.drafts) == {2, 3}
+
+
 def test_engine_with_static_decode_matches_eager(tiny_model):
     model = tiny_model("tiny-qwen3.5", "int4")
     prompts = _prompts(4, seed=9)
@@ -187,3 +207,26 @@ def test_captured_verify_replays_the_eager_forward(packed):
         eager.rollback(keep)
         static.rollback(keep)
     assert decoder.replays == 6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="graphs are captured on CUDA")
+def test_captured_drafts_replay_the_heads_proposals(packed):
+    from ninfer_run.loader import load
+    from ninfer_run.spec import MTPDrafter
+
+    model = load(packed("tiny-qwen3.5", "nvfp4"), device="cuda", dtype=torch.bfloat16).model
+    c = model.cfg
+    mtp_pool = BlockPool(KVLayout(1, c.num_kv_heads, c.head_dim, 16, "int8"), 40, model.device)
+    pool, layers, _ = _setup(model, max_batch=1)
+    decoder = GraphedDecoder(model, pool, layers, 1, model.dtype, draft_tokens=3, mtp_pool=mtp_pool)
+    drafter = MTPDrafter(model, PagedKV(mtp_pool, {-1: 0}))
+    prompt = torch.tensor(_prompts(1, seed=13)[0])
+    hidden, _ = model.forward(prompt, SequenceState(kv=PagedKV(pool, layers)))
+    drafter.observe(hidden[:-1], prompt[1:])
+    same = 0
+    for _ in range(5):
+        static = decoder.propose(drafter, 3)
+        same += static == drafter.propose(3)  # bf16: an argmax may flip on a near tie, rarely
+        drafter.observe(hidden[-1:], torch.tensor(static[:1]))
+    assert same >= 4 and decoder.replays == 5
