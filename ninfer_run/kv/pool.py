@@ -88,9 +88,16 @@ class BlockPool:
             t[:, dst] = t[:, src]
 
     def _slots(self, blocks: list[int], start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = torch.arange(start, start + count)
+        """(block, offset) of positions start..start+count-1, on the pool's device. Only the block table
+        crosses from the host, pinned and without waiting: a prefill chunk's layers then queue their KV
+        writes and reads without a host sync each."""
+        device = self.k.device
+        table = torch.tensor(blocks, dtype=torch.long)
+        if device.type == "cuda":
+            table = table.pin_memory().to(device, non_blocking=True)
+        pos = torch.arange(start, start + count, device=device)
         bs = self.layout.block_size
-        return torch.tensor(blocks, dtype=torch.long)[pos // bs], pos % bs
+        return table[pos // bs], pos % bs
 
     def write(self, layer: int, blocks: list[int], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k/v [T, H, D] for positions start..start+T-1 of a sequence with this block table."""
@@ -121,7 +128,7 @@ class BlockPool:
                   slice_tokens: int = READ_SLICE) -> tuple[torch.Tensor, torch.Tensor]:
         """k/v [length, D] of one KV head, decoded `slice_tokens` at a time straight into `dtype`: the
         only full-length buffers are the two results (no float32 copy of the whole sequence)."""
-        b, s = (t.to(self.k.device) for t in self._slots(blocks, 0, length))
+        b, s = self._slots(blocks, 0, length)
         shape = (length, self.layout.head_dim)
         k, v = (torch.empty(shape, dtype=dtype, device=self.k.device) for _ in range(2))
         for start in range(0, length, slice_tokens):
