@@ -4,10 +4,12 @@
 # its own time limit so one slow stage cannot take the others' results with it:
 #   tests   pytest -m gpu: every kernel against its torch reference (tests/server holds no GPU tests)
 #   quant   tools/bench_quant.py --device cuda: GPU quantizer bytes == CPU bytes, GB/s
+#   gemv    tools/bench_kernels.py --gemv-only: the decode GEMVs alone, every CUDA (tiles, warps) shape
 #   kernels tools/bench_kernels.py: each kernel vs the roofline and its bf16 peer
 #   bench   tools/bench.py: the full-size qwen3.8-27b through the engine vs transformers
-# Logs and JSON/PNG land in $OUT.       bash tools/gpu_check.sh [bench] [tests] [quant] [kernels]
-# Stage limits (seconds) can be set: TESTS_S, QUANT_S, KERNELS_S, BENCH_S.
+# Logs and JSON/PNG land in $OUT.       bash tools/gpu_check.sh [tests] [quant] [gemv] [kernels] [bench]
+# Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; BENCH_ARGS are passed
+# to bench.py (e.g. "--profiles nvfp4 --profile-prefill 32768").
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -24,8 +26,9 @@ for stage in $stages; do
         tests) timeout ${TESTS_S:-300} python3 -m pytest -m gpu -q -rs -p no:cacheprovider --ignore=tests/server 2>&1 \
                    | tee "$OUT/pytest_gpu.log" | grep -E "^(FAILED|ERROR)|passed|failed" ;;
         quant) timeout ${QUANT_S:-120} python3 tools/bench_quant.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_quant.log" ;;
+        gemv) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gemv-only --out "$OUT" 2>&1 | tee "$OUT/bench_gemv.log" | grep gemv | cut -c1-220 ;;
         kernels) timeout ${KERNELS_S:-300} python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
-        bench) timeout ${BENCH_S:-420} python3 tools/bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v Warning ;;
+        bench) timeout ${BENCH_S:-420} python3 tools/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v Warning ;;
         *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
 done
