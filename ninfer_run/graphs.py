@@ -1,15 +1,15 @@
-"""CUDA Graphs for plain decode: one captured forward per batch size, replayed every step.
+"""CUDA Graphs for decode: plain steps, speculative verify forwards and MTP drafting, each captured
+once per shape and replayed.
 
 A decode step of the 27B launches thousands of small kernels; launched one by one from Python the
-host, not the GPU, sets the pace. Captured once per batch size (1 .. --max-concurrency, each on
-first use), a step becomes: fill that size's StaticBatch buffers from the host (tokens, RoPE
-positions, each row's KV slot, block table and length, GDN slab slot; pinned buffers, six small
-copies), replay, read the logits. Every size has its own graph, so no row is padding and no KV
-block or GDN state has to be set aside for padding rows.
+host, not the GPU, sets the pace. Captured once per shape (batch size 1 .. --max-concurrency for
+plain steps, token count for verifies, draft count for the head; each on first use), a step becomes:
+fill that shape's static buffers from the host (tokens, RoPE positions, each row's KV slot, block
+table and length, GDN slab slot: one pinned image, six small copies), replay, read the results.
+Every shape has its own graph, so no row is padding and no KV block or GDN state is set aside.
 
-Sequences with images (M-RoPE positions) or speculative decoding (per-token rollback states) keep
-the eager path. On a CPU nothing is captured: `decode` runs the same static forward eagerly, which
-is what the CPU tests check against the eager batched decode.
+Sequences with images (M-RoPE positions) keep the eager path. On a CPU nothing is captured: the same
+static forwards run eagerly, which is what the CPU tests compare with the eager model.
 """
 
 from __future__ import annotations
@@ -107,9 +107,9 @@ class _Drafts:
 
 
 class GraphedDecoder:
-    """Plain decode steps of up to `max_batch` sequences, and speculative verify forwards (one
-    sequence, 2 .. draft_tokens + 1 tokens), through captured graphs (CUDA) or the same static
-    forward run eagerly (elsewhere)."""
+    """Plain decode steps of up to `max_batch` sequences, speculative verify forwards (one sequence,
+    2 .. draft_tokens + 1 tokens) and the MTP head's drafts, through captured graphs (CUDA) or the
+    same static forwards run eagerly (elsewhere)."""
 
     def __init__(self, model, pool: BlockPool, layers: dict[int, int], max_batch: int, dtype: torch.dtype,
                  draft_tokens: int = 0, mtp_pool: BlockPool | None = None):
