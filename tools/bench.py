@@ -156,7 +156,7 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
     made = sum(len(r.tokens) for r in results) - start_tokens
     drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
     engine.run_until_done()
-    row = {"concurrency": concurrency, "draft_tokens": draft_tokens, "forced": forced,
+    row = {"concurrency": concurrency, "context": prompt, "draft_tokens": draft_tokens, "forced": forced,
            "tokens": made, "seconds": seconds, "tok_s": made / seconds,
            "acceptance": accepted / drafted if drafted else None}
     del engine
@@ -279,7 +279,8 @@ def bars_of(results: dict) -> dict[str, float]:
             bars[f"{profile} prefill {row['tokens'] // 1000}K"] = row["tok_s"]
         for row in p["decode"]:
             mtp = f" MTP{'f' if row['forced'] else ''}" if row["draft_tokens"] else ""
-            bars[f"{profile} decode C={row['concurrency']}{mtp}"] = row["tok_s"]
+            ctx = f" @{row['context'] // 1000}K" if row.get("context", 512) > 512 else ""
+            bars[f"{profile} decode C={row['concurrency']}{mtp}{ctx}"] = row["tok_s"]
     return bars
 
 
@@ -298,10 +299,11 @@ def table(r: dict) -> str:
         for row in p.get("decode", []):
             mtp = f" MTP{row['draft_tokens']}{' forced' if row['forced'] else ''}" if row["draft_tokens"] else ""
             acc = f" accept {row['acceptance']:.0%}" if row["acceptance"] is not None else ""
+            mtp += f" at {row['context']:,} tokens of context" if row.get("context", 512) > 512 else ""
             bound = "<= " if peer and peer.get("decode_step_s_is_upper_bound") else ""
             vs = f", {bound}{row['tok_s'] * peer['decode_step_s']:.2f}x transformers C=1" if peer else ""
             lines.append(f"  decode C={row['concurrency']}{mtp}: {row['tok_s']:7.1f} tok/s "
-                         f"({row['of_roofline']:.0%} of roofline{acc}){vs}")
+                         f"({row['of_roofline']:.0%} of its {row.get('roofline_tok_s', 0):.0f} tok/s roofline{acc}){vs}")
         kv = p.get("kv_capacity")
         if kv and kv.get("planner_tokens_C1"):
             lines.append(f"  KV: {kv['kv_bytes_per_token']} B/token; {kv['planner_tokens_C1']:,} tokens fit beside the "
@@ -321,6 +323,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8192, help="prefill chunk (tokens)")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--decode-context", type=int, default=32768, metavar="TOKENS",
+                        help="also decode C = 1 after a prompt this long (0: no)")
     parser.add_argument("--profile-prefill", type=int, default=0, metavar="TOKENS",
                         help="also profile one prefill of this many tokens (prefill_profile.txt)")
     parser.add_argument("--smoke", action="store_true")
@@ -331,6 +335,7 @@ def main() -> None:
     model_id = "qwen3.8-27b" if gpu else "tiny-qwen3.5"
     if not gpu:
         args.prefill, args.chunk, args.concurrency, args.new_tokens = [64], 32, [1, 2], 4
+        args.decode_context = min(args.decode_context, 600)
     if gpu and not gated_delta.available(torch.device(device)):
         raise SystemExit("fla-core is missing: the Gated DeltaNet reference loop would take hours at these lengths")
     results: dict = {"model": model_id, "chunk": args.chunk, "profiles": {}}
@@ -368,6 +373,11 @@ def main() -> None:
             p["decode"].append(row)
             save()
             print(f"[{profile}] decode C={c}: {row['tok_s']:.1f} tok/s", flush=True)
+        if args.decode_context and n == 0:  # decode after a long prompt: the KV read joins the weights'
+            row = decode(model, 1, args.new_tokens, args.decode_context)
+            p["decode"].append(row)
+            save()
+            print(f"[{profile}] decode C=1 at {args.decode_context} tokens: {row['tok_s']:.1f} tok/s", flush=True)
         if model.has_mtp and n == 0:
             decode(model, 1, 8, 128, draft_tokens=3)  # warm-up: verify (M = 4) and head kernels compile here
             for forced in (False, True):
@@ -378,8 +388,11 @@ def main() -> None:
                       f"accept {row['acceptance']}", flush=True)
         if n == 0:
             decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
-        for row in p["decode"]:
-            row["of_roofline"] = row["tok_s"] / p["roofline_tok_s"]
+        kv_token = p["kv_capacity"].get("kv_bytes_per_token", 0)
+        for row in p["decode"]:  # a step of C sequences reads the weights once and each sequence's KV
+            step_bytes = read_bytes + row["concurrency"] * row["context"] * kv_token
+            row["roofline_tok_s"] = row["concurrency"] * ceil["copy_GB_s"] * 1e9 / step_bytes
+            row["of_roofline"] = row["tok_s"] / row["roofline_tok_s"]
         save()
         del model
         gc.collect()
