@@ -58,7 +58,7 @@ def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int
 
 @triton.jit
 def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_ptr, m_ptr, l_ptr,
-                    layer, num_blocks, max_blocks, q_len, sm_scale, blocks_per_part,
+                    layer, num_blocks, max_blocks, q_len, sm_scale,
                     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                     TOKENS: tl.constexpr, ROWS: tl.constexpr):
     pid_bq, h, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -77,10 +77,12 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
     lsum = tl.zeros((ROWS,), tl.float32)
     acc = tl.zeros((ROWS, D), tl.float32)
     t = tl.arange(0, BS)
-    # this partition's blocks, up to the last one a query of this program can see (causal skip)
+    # this partition's share of the sequence's own blocks (not of the table's width: a captured step's
+    # table spans the pool), up to the last block a query of this program can see (causal skip)
     last_q = seq_len - q_len + tl.minimum(qb * TOKENS + TOKENS, q_len) - 1
-    first = part * blocks_per_part
-    for index in range(first, tl.minimum(first + blocks_per_part, last_q // BS + 1)):
+    per_part = tl.cdiv(tl.cdiv(seq_len, BS), tl.num_programs(2))
+    first = part * per_part
+    for index in range(first, tl.minimum(first + per_part, last_q // BS + 1)):
         pos_k = index * BS + t
         live = pos_k < seq_len
         block = tl.load(table_ptr + b * max_blocks + index, mask=index < max_blocks, other=0)
@@ -142,13 +144,12 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: 
     max_blocks = block_tables.shape[1]
     q_blocks = triton.cdiv(q_len, tokens)
     parts = parts or _partitions(bsz * q_blocks * hkv, max_blocks)
-    blocks_per_part = triton.cdiv(max_blocks, parts)
     o = torch.empty(bsz * q_len * hq * parts, dim, dtype=torch.float32, device=q.device)
     m = torch.empty(bsz * q_len * hq * parts, dtype=torch.float32, device=q.device)
     lsum = torch.empty_like(m)
     _partial_kernel[(bsz * q_blocks, hkv, parts)](
         q.contiguous(), pool.k, pool.v, pool.k_scale, pool.v_scale, block_tables, seq_lens, o, m, lsum,
-        layer, pool.num_blocks, max_blocks, q_len, dim ** -0.5, blocks_per_part, HQ=hq, HKV=hkv, D=dim, BS=bs,
+        layer, pool.num_blocks, max_blocks, q_len, dim ** -0.5, HQ=hq, HKV=hkv, D=dim, BS=bs,
         TOKENS=tokens, ROWS=rows, num_warps=8 if dim >= 256 else 4)
     out = torch.empty(bsz * q_len * hq, dim, dtype=torch.float32, device=q.device)
     _merge_kernel[(bsz * q_len * hq,)](o, m, lsum, out, PARTS=parts, P2=triton.next_power_of_2(parts), D=dim)

@@ -15,7 +15,8 @@ DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
 HEADS = (12, 2, 64) if DEVICE == "cpu" else (24, 4, 256)  # (Hq, Hkv, D): the 27B's GQA 6 on the GPU
 
 
-def _setup(lengths, seed, block_size=16):
+def _setup(lengths, seed, block_size=16, spare_width=0):
+    """`spare_width`: table columns past the longest sequence (a captured step's tables span the pool)."""
     hq, hkv, dim = HEADS
     g = torch.Generator().manual_seed(seed)
     blocks_each = [-(-n // block_size) for n in lengths]
@@ -27,7 +28,7 @@ def _setup(lengths, seed, block_size=16):
         v = torch.randn(n, hkv, dim, generator=g)
         pool.write(1, table, 0, k, v)
         tables.append(table)
-    width = max(blocks_each)
+    width = max(blocks_each) + spare_width
     padded = torch.tensor([t + [t[0]] * (width - len(t)) for t in tables], dtype=torch.int32)
     for name in ("k", "v", "k_scale", "v_scale"):
         setattr(pool, name, getattr(pool, name).to(DEVICE))
@@ -42,6 +43,21 @@ def test_matches_reference(lengths, q_len, parts):
     hq, _, dim = HEADS
     q = torch.randn(len(lengths), q_len, hq, dim, generator=torch.Generator().manual_seed(q_len))
     got = paged_attention(q.to(DEVICE, DTYPE), pool, 1, padded, lens, parts=parts)
+    for name in ("k", "v", "k_scale", "v_scale"):
+        setattr(pool, name, getattr(pool, name).cpu())
+    want = reference(q.to(DTYPE).float(), pool, 1, tables, lengths)
+    err = float((got.cpu() - want).norm() / want.norm())
+    assert not torch.isnan(got).any() and err < (1e-2 if DTYPE == torch.bfloat16 else 2e-3), err
+
+
+def test_partitions_share_each_sequence_not_the_table():
+    """A table 40 blocks wider than the sequences, 32 partitions: each sequence's blocks are spread over
+    the partitions (a short one in a wide table must not fall to one of them), same result."""
+    lengths = [37, 200, 64]
+    pool, tables, padded, lens = _setup(lengths, 5, spare_width=40)
+    hq, _, dim = HEADS
+    q = torch.randn(len(lengths), 1, hq, dim, generator=torch.Generator().manual_seed(2))
+    got = paged_attention(q.to(DEVICE, DTYPE), pool, 1, padded, lens, parts=32)
     for name in ("k", "v", "k_scale", "v_scale"):
         setattr(pool, name, getattr(pool, name).cpu())
     want = reference(q.to(DTYPE).float(), pool, 1, tables, lengths)
