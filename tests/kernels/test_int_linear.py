@@ -55,7 +55,7 @@ def test_cuda_int4_gemv_matches_reference(m, n, kk, symmetric):
     x = torch.randn(m, kk, generator=torch.Generator().manual_seed(kk + m)).to(DEVICE, DTYPE)
     ref = k.reference(x, p["qweight"], p["scale"], p.get("zero_point"), 4, 128)
     for tiles, warps in sorted(cuda_ops.GEMV_SHAPES):
-        if n % (8 * tiles) == 0 and warps <= kk // 128:
+        if n % (8 * tiles) == 0:  # warps past the K tiles idle (K = 128: one tile)
             out = cuda_ops.int4_gemv(x, p["qweight"], p["scale"], p.get("zero_point"), shape=(tiles, warps))
             assert out.shape == (m, n) and out.dtype == torch.bfloat16 and not torch.isnan(out).any()
             # the float32 reference rounded once to bf16 (sums in another order: ~1e-6 of the largest)

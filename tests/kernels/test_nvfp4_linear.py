@@ -62,7 +62,7 @@ def test_cuda_gemv_matches_reference(m, n, kk):
     x = torch.randn(m, kk, generator=torch.Generator().manual_seed(kk + m)).to(DEVICE, DTYPE)
     ref = k.reference(x, q, s8, s2)
     for tiles, warps in sorted(cuda_ops.GEMV_SHAPES):
-        if n % (8 * tiles) == 0 and warps <= kk // 128:
+        if n % (8 * tiles) == 0:  # warps past the K tiles idle (K = 128: one tile)
             out = cuda_ops.nvfp4_gemv(x, q, s8, s2, shape=(tiles, warps))
             assert out.shape == (m, n) and out.dtype == torch.bfloat16
             assert _rounded_once(out, ref), (tiles, warps)
