@@ -19,7 +19,8 @@ import logging
 import torch
 
 from .kv.pool import BlockPool
-from .state import GDNSlab, SequenceState, StaticBatch
+from .state import SequenceState
+from .static_step import GDNSlab, StaticBatch
 
 log = logging.getLogger("ninfer.graphs")
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..layers import linear
-from ..state import Segments, SequenceState, StaticBatch
+from ..state import Segments, SequenceState
+from ..static_step import StaticBatch
 
 
 class CausalLM:

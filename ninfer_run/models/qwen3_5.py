@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates
 from ..layers import add_rms_norm, apply_rope, gated_rms_norm, linear, rms_norm, rope_cos_sin, swiglu_mlp
-from ..state import Segments, SequenceState, StaticBatch, advance, attend, per_sequence, rope_positions
+from ..state import Segments, SequenceState, advance, attend, per_sequence, rope_positions
+from ..static_step import StaticBatch
 from .base import CausalLM
 
 
