@@ -36,9 +36,11 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cp
     kernels = str(device).startswith("cuda") if kernels is None else kernels
     scratch = None
     if kernels:
+        from .kernels import cuda_ops
         from .kernels.linear import QuantizedLinear, Scratch
 
         scratch = Scratch()
+        cuda_ops.available()  # the CUDA kernels build (once per machine) now, not in the first request
 
     def weight(name: str):
         t = artifact.entry(name)
