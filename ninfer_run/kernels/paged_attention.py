@@ -57,6 +57,14 @@ def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int
 
 
 @triton.jit
+def _group_scales(s_ptr, slot, live, BS: tl.constexpr, D: tl.constexpr):
+    """The tokens' fp16 scales, one per 64 values, loaded once each and spread over their groups -> [BS, D]."""
+    groups = tl.load(s_ptr + slot[:, None] * (D // 64) + tl.arange(0, D // 64)[None, :], mask=live[:, None],
+                     other=0).to(tl.float32)
+    return tl.reshape(tl.broadcast_to(groups[:, :, None], (BS, D // 64, 64)), (BS, D))
+
+
+@triton.jit
 def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_ptr, m_ptr, l_ptr,
                     layer, num_blocks, max_blocks, q_len, sm_scale,
                     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
@@ -88,11 +96,9 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
         block = tl.load(table_ptr + b * max_blocks + index, mask=index < max_blocks, other=0)
         slot = ((layer * num_blocks + block) * BS + t) * HKV + h
         k = tl.load(k_ptr + slot[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
-        ks = tl.load(ks_ptr + slot[:, None] * (D // 64) + (d // 64)[None, :], mask=live[:, None], other=0)
         v = tl.load(v_ptr + slot[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
-        vs = tl.load(vs_ptr + slot[:, None] * (D // 64) + (d // 64)[None, :], mask=live[:, None], other=0)
-        k = (k * ks.to(tl.float32)).to(q.dtype)
-        v = (v * vs.to(tl.float32)).to(q.dtype)
+        k = (k * _group_scales(ks_ptr, slot, live, BS, D)).to(q.dtype)
+        v = (v * _group_scales(vs_ptr, slot, live, BS, D)).to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * sm_scale
         visible = (pos_k[None, :] <= pos_q[:, None]) & live[None, :] & row_ok[:, None]
         s = tl.where(visible, s, _NEG)
