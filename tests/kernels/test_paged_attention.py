@@ -12,7 +12,7 @@ from ninfer_run.kernels.paged_attention import paged_attention, reference  # noq
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
-HEADS = (12, 2, 64) if DEVICE == "cpu" else (24, 4, 256)  # (Hq, Hkv, D): the 27B's GQA 6 on the GPU
+HEADS = (12, 2, 128) if DEVICE == "cpu" else (24, 4, 256)  # (Hq, Hkv, D): two scale groups per head on the CPU, the 27B's GQA 6 on the GPU
 
 
 def _setup(lengths, seed, block_size=16, spare_width=0):
