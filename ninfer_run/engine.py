@@ -3,8 +3,8 @@
 One `step()` admits waiting requests (up to --max-concurrency, expiring those that waited longer
 than --pending-timeout-ms), then advances every running sequence by one prefill chunk or one
 decode token. Sequences in plain decode share one batched forward per step (the weights are read
-once for all of them): `decode_batch`, or on CUDA a captured graph per batch-size bucket (graphs.py);
-prefill chunks and speculative steps run per sequence.
+once for all of them): `decode_batch`, or on CUDA a captured graph per batch size (graphs.py);
+prefill chunks and speculative steps run per sequence (on CUDA their drafts and verify are graphed too).
 Finished sequences leave a prefix-cache frontier. Cancellation frees a sequence's blocks at once.
 """
 
