@@ -97,6 +97,10 @@ def test_plan_cli_exit_codes_and_json(packed):
     assert tight.exit_code == 1 and "DOES NOT FIT" in tight.output and "recommended: --max-context" in tight.output
     bad = CliRunner().invoke(app, ["plan", path, "--gpu-mem", "lots"])
     assert bad.exit_code == 1 and "not a size" in bad.output
+    # decode graphs keep the sequences' GDN states in their slab: the same memory with or without them
+    eager = CliRunner().invoke(app, ["plan", path, "--gpu-mem", "2GiB", "--median-prompt", "1000", "--json",
+                                     "--no-cuda-graphs"])
+    assert eager.exit_code == 0 and json.loads(eager.output)["components"] == report["components"]
 
 
 def test_serve_refuses_what_does_not_fit(packed):
