@@ -115,7 +115,7 @@ class EngineConfig:
     block_size: int = 64  # KV pool block, tokens
     max_frontiers: int = 32  # prefix-cache frontiers kept (each holds a GDN state snapshot)
     batched_decode: bool = True  # sequences in plain decode share one forward per step (weights read once)
-    cuda_graphs: bool | None = None  # plain decode through captured graphs (graphs.py); None: on CUDA only
+    cuda_graphs: bool | None = None  # decode, verify and draft steps through captured graphs (graphs.py); None: on CUDA
 
 
 def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
