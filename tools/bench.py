@@ -13,8 +13,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - decode: aggregate tok/s at C = 1, 2, 4, 8 vs the weight-bandwidth roofline (bytes every token reads);
   - MTP (--draft-tokens 3) at C = 1: at the real acceptance (random weights: near 0) and at a forced
     one (each draft made the target's argmax with probability 0.69: ~50% of drafts accepted);
-  - a torch.profiler table of 8 decode steps (decode_profile.txt): where a token's time goes; with
-    --profile-prefill N, one of an N-token prefill too (prefill_profile.txt);
+  - torch.profiler tables of 8 decode steps at C = 1 and at the largest C (decode_profile*.txt): where
+    a token's time goes; with --profile-prefill N, one of an N-token prefill too (prefill_profile.txt);
   - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
@@ -388,6 +388,9 @@ def main() -> None:
                       f"accept {row['acceptance']}", flush=True)
         if n == 0:
             decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
+            if max(args.concurrency) > 1:  # and at the largest concurrency: what grows with the batch
+                c = max(args.concurrency)
+                decode(model, c, 8, 512, profile_to=args.out / f"decode_profile_c{c}.txt")
         kv_token = p["kv_capacity"].get("kv_bytes_per_token", 0)
         for row in p["decode"]:  # a step of C sequences reads the weights once and each sequence's KV
             step_bytes = read_bytes + row["concurrency"] * row["context"] * kv_token
