@@ -80,16 +80,23 @@ class _Drafts:
         self.lens = torch.zeros(n - 1, dtype=torch.int32, device=device)
         self.drafts = torch.zeros(n, **long)
         self.graph: torch.cuda.CUDAGraph | None = None
+        pin = self.drafts.is_cuda  # the host images the copies read without waiting
+        self.host_rows = torch.zeros(2, n - 1, dtype=torch.long, pin_memory=pin)
+        self.host_lens = torch.zeros(n - 1, dtype=torch.int32, pin_memory=pin)
+        self.host_table = torch.zeros(1, pool.num_blocks, dtype=torch.int32, pin_memory=pin)
 
     def stage(self, drafter) -> None:
         st = drafter.state
-        start, blocks = st.length, st.kv.blocks
+        start, blocks, offset = st.length, st.kv.blocks, st.position_offset
         self.hidden.copy_(drafter.hidden)
         self.logits.copy_(drafter.logits)
-        self.positions.copy_(torch.tensor(range(start + st.position_offset, start + st.position_offset + self.n - 1)))
-        self.kv_slots.copy_(torch.tensor([st.kv.slot(start + s) for s in range(self.n - 1)]))
-        self.lens.copy_(torch.tensor(range(start + 1, start + self.n), dtype=torch.int32))
-        self.batch.tables[0, : len(blocks)].copy_(torch.tensor(blocks, dtype=torch.int32))
+        self.host_rows.copy_(torch.tensor([list(range(start + offset, start + offset + self.n - 1)),
+                                           [st.kv.slot(start + s) for s in range(self.n - 1)]]))
+        self.host_lens.copy_(torch.tensor(range(start + 1, start + self.n), dtype=torch.int32))
+        self.host_table[0, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        for dst, src in ((self.positions, self.host_rows[0]), (self.kv_slots, self.host_rows[1]),
+                         (self.lens, self.host_lens), (self.batch.tables, self.host_table)):
+            dst.copy_(src, non_blocking=True)
 
     def run(self, model) -> None:
         """The draft loop, on device tensors only (what the graph captures)."""
