@@ -23,7 +23,7 @@ from .graphs import GraphedDecoder
 from .kv.pool import BlockPool, KVLayout, PoolExhausted
 from .kv.prefix import PrefixCache
 from .sampling import SamplingParams, next_token
-from .spec import MTPDrafter, SpecStats, verify_step
+from .spec import MTPDrafter, SpecStats, accept
 from .state import PagedKV, SequenceState
 from .vision.media import MediaEncoder
 from .vision.prompt import MultimodalPrompt
@@ -138,7 +138,7 @@ def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.
     if graphs:
         engine.graphs = GraphedDecoder(model, pool, layers, config.max_concurrency, model.dtype, config.draft_tokens,
                                        mtp_pool)
-        engine.verify_forward = engine.graphs.verify
+        engine.verify_rows = engine.graphs.verify_batch
     return engine
 
 
@@ -157,7 +157,10 @@ class Engine:
         self.on_finish: list[Callable[[Result], None]] = []  # observers of every finished result (metrics)
         self._ids = itertools.count(1)
         self.graphs: GraphedDecoder | None = None  # set by build_engine where decode steps are captured
-        self.verify_forward = model.forward  # a speculative verify's target forward (graphed: graphs.verify)
+        # the target forward of speculative verifies: (token lists, states) -> [(hidden, logits)] per
+        # sequence; one at a time here, all in one graphed forward with graphs (verify_batch)
+        self.verify_rows = lambda token_lists, states: [model.forward(torch.tensor(tokens), state)
+                                                        for tokens, state in zip(token_lists, states)]
 
     # -- requests ------------------------------------------------------------------------------
     def submit(self, request: Request) -> Result:
@@ -249,20 +252,43 @@ class Engine:
                 run.drafter.observe(run.hidden, torch.tensor(req.prompt[start + 1 :] + [token]))
             self._emit(run, [token], fed=0)
             return
-        last = run.result.tokens[-1]
-        if run.drafter is None:
-            self._ensure_room(run, 1)
-            _, logits = self.model.forward(torch.tensor([last]), run.state, last_logits=True)
-            self._emit(run, [next_token(logits[-1], req.params, run.generator)], fed=1)
-            return
-        n = min(self.config.draft_tokens, req.max_tokens - len(run.result.tokens))
-        drafts = self.graphs.propose(run.drafter, n) if self.graphs is not None else run.drafter.propose(n)
-        self._ensure_room(run, n + 1)
-        new = verify_step(self.verify_forward, run.state, last, drafts, req.params, run.generator, self.spec_stats)
-        run.result.drafted += len(drafts)
-        run.result.accepted += len(new) - 1
-        run.drafter.observe(run.state.verified_hidden, torch.tensor(new))
-        self._emit(run, new, fed=len(new))
+        self._ensure_room(run, 1)  # plain decode, one sequence (speculating ones go through _speculate)
+        _, logits = self.model.forward(torch.tensor(run.result.tokens[-1:]), run.state, last_logits=True)
+        self._emit(run, [next_token(logits[-1], req.params, run.generator)], fed=1)
+
+    def _speculative(self, run: _Running) -> bool:
+        """Past its prompt and first token, with a drafter: it takes part in _speculate."""
+        return run.drafter is not None and run.result.first_token is not None
+
+    def _speculate(self, runs: list[_Running]) -> None:
+        """One speculative step of every run: each proposes its drafts, then the target verifies them,
+        those with as many drafts in one forward (verify_rows: graphed, the weights read once for all
+        of them), and each keeps its accepted prefix and one more token."""
+        by_count: dict[int, list[tuple[_Running, list[int]]]] = {}
+        for run in runs:
+            n = min(self.config.draft_tokens, run.request.max_tokens - len(run.result.tokens))
+            try:
+                self._ensure_room(run, n + 1)
+                drafts = self.graphs.propose(run.drafter, n) if self.graphs is not None else run.drafter.propose(n)
+            except PoolExhausted as e:
+                self._fail(run, e)
+                continue
+            by_count.setdefault(n, []).append((run, drafts))
+        for group in by_count.values():
+            states = [run.state for run, _ in group]
+            for state in states:
+                state.keep_steps = True  # these forwards only: prefill and plain steps keep no per-token states
+            try:
+                rows = self.verify_rows([[run.result.tokens[-1], *drafts] for run, drafts in group], states)
+            finally:
+                for state in states:
+                    state.keep_steps = False
+            for (run, drafts), (hidden, logits) in zip(group, rows):
+                new = accept(run.state, drafts, hidden, logits, run.request.params, run.generator, self.spec_stats)
+                run.result.drafted += len(drafts)
+                run.result.accepted += len(new) - 1
+                run.drafter.observe(run.state.verified_hidden, torch.tensor(new))
+                self._emit(run, new, fed=len(new))
 
     def _emit(self, run: _Running, new: list[int], fed: int) -> None:
         """Append sampled tokens, stopping at a stop token/callback or max_tokens. `fed` is how many
@@ -318,7 +344,9 @@ class Engine:
         if len(batch) < 2 and self.graphs is None:
             batch = []  # one sequence takes the plain path (unless steps are graphed)
         self._decode_batch(batch)
-        done = {id(run) for run in batch}
+        speculating = [run for run in self.running if self._speculative(run)]
+        self._speculate(speculating)
+        done = {id(run) for run in batch + speculating}
         for run in list(self.running):
             if id(run) in done:
                 continue

@@ -152,13 +152,31 @@ class GraphedDecoder:
         """`model.forward`'s contract for a speculative verify (the last token and its drafts) of a
         keep_steps sequence: (hidden [T, H], logits [T, V]); state.steps holds each token's GDN state
         (views of the sequence's slot) for the rollback."""
-        if state.mm is not None or not state.keep_steps or self.slab is not None and self.slab.steps < tokens.shape[0]:
+        if not self._verifiable(state, tokens.shape[0]):
             return self.model.forward(tokens, state)
-        t = tokens.shape[0]
-        hidden, logits = self._step(tokens.tolist(), [state], t)
-        if self.slab is not None:
-            state.steps = self.slab.step_views(self.slot_of[id(state)], t)
-        return hidden, logits
+        return self._verify([tokens.tolist()], [state])[0]
+
+    def verify_batch(self, token_lists: list[list[int]], states: list[SequenceState]):
+        """`verify` for several sequences at once: one forward (the weights read once for all of them)
+        when they verify the same number of tokens -> [(hidden, logits)] per sequence."""
+        t = len(token_lists[0])
+        if len(states) <= self.max_batch and all(len(x) == t and self._verifiable(st, t)
+                                                 for x, st in zip(token_lists, states)):
+            return self._verify(token_lists, states)
+        return [self.verify(torch.tensor(x), st) for x, st in zip(token_lists, states)]
+
+    def _verifiable(self, state: SequenceState, tokens: int) -> bool:
+        return state.mm is None and state.keep_steps and (self.slab is None or self.slab.steps >= tokens)
+
+    def _verify(self, token_lists: list[list[int]], states: list[SequenceState]):
+        t = len(token_lists[0])
+        hidden, logits = self._step([token for tokens in token_lists for token in tokens], states, t)
+        out = []
+        for b, st in enumerate(states):
+            if self.slab is not None:
+                st.steps = self.slab.step_views(self.slot_of[id(st)], t)
+            out.append((hidden[b * t : (b + 1) * t], logits[b * t : (b + 1) * t]))
+        return out
 
     def propose(self, drafter, n: int) -> list[int]:
         """`drafter.propose(n)`, its n - 1 head forwards captured as one graph per n."""

@@ -118,6 +118,13 @@ def verify_step(forward, state: SequenceState, last: int, drafts: list[int], par
         hidden, logits = forward(torch.tensor([last, *drafts]), state)
     finally:
         state.keep_steps = False
+    return accept(state, drafts, hidden, logits, params, gen, stats)
+
+
+def accept(state: SequenceState, drafts: list[int], hidden: torch.Tensor, logits: torch.Tensor,
+           params: SamplingParams, gen: torch.Generator | None, stats: SpecStats) -> list[int]:
+    """The verify forward's rows (hidden, logits of [last, *drafts]) -> the accepted drafts and one
+    more token; rolls `state` back to them (its per-token GDN states) and keeps their hidden states."""
     new: list[int] = []
     for j, d in enumerate(drafts):
         if params.greedy:  # no randomness at all: accept iff the draft is the argmax

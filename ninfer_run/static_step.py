@@ -83,12 +83,10 @@ class StaticBatch:
     each of `size` sequences, everything the forward reads held in fixed device buffers that
     graphs.GraphedDecoder fills before each replay. The model's layers call it through the same
     functions as a list of segments (rope_positions, attend, advance) and its GDN layers through
-    `gdn`. A verify (q_len > 1) takes one sequence."""
+    `gdn`. Rows are sequence-major: row b * q_len + j is token j of sequence b."""
 
     def __init__(self, size: int, pool: BlockPool, layers: dict[int, int], slab: GDNSlab | None, device,
                  q_len: int = 1):
-        if q_len > 1 and size != 1:
-            raise ValueError("a static verify step takes one sequence")
         self.size, self.q_len, self.pool, self.layers, self.slab = size, q_len, pool, layers, slab
         long = dict(dtype=torch.long, device=device)
         rows = size * q_len
@@ -122,12 +120,15 @@ class StaticBatch:
         recurrent = self.slab.recurrent[layer].index_select(0, self.state_slots)
         if self.q_len == 1:
             out, conv, recurrent = step(layer, qkv, g, beta, conv, recurrent)
-        else:
+        else:  # token j of every sequence at once, in token order
+            def token(t: torch.Tensor, j: int) -> torch.Tensor:
+                return t.reshape(self.size, self.q_len, *t.shape[1:])[:, j]
+
             outs = []
             for j in range(self.q_len):
-                o, conv, recurrent = step(layer, qkv[j : j + 1], g[j : j + 1], beta[j : j + 1], conv, recurrent)
+                o, conv, recurrent = step(layer, token(qkv, j), token(g, j), token(beta, j), conv, recurrent)
                 self.slab.keep_step(layer, self.state_slots, j, conv, recurrent)
                 outs.append(o)
-            out = torch.cat(outs)
+            out = torch.stack(outs, dim=1).flatten(0, 1)  # back to sequence-major rows
         self.slab.scatter(self.state_slots, {layer: (conv, recurrent)})
         return out

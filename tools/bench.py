@@ -139,7 +139,7 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
                           prefill_chunk=4096, draft_tokens=draft_tokens, max_frontiers=1)
     engine = build_engine(model, config)
     if forced:
-        engine.verify_forward = ForcedAcceptance(engine.verify_forward, seed)
+        engine.verify_rows = ForcedAcceptance(engine.verify_rows, seed)
     # room past the timed tokens: speculative steps keep their full draft count (and their captured
     # graph) up to the end of the timed part; the shorter last steps run after it
     results = [engine.submit(Request(_prompt(prompt, model.cfg.vocab_size, seed + i),
@@ -171,20 +171,22 @@ def _steps_until(engine, results, tokens: int) -> None:
 
 
 class ForcedAcceptance:
-    """An engine's verify forward, except that in its logits draft j is made the target's argmax with
-    probability FORCED_P, so greedy acceptance happens at a known rate whatever the random weights
-    predict. The head and the target (graphed or not) still do all their work."""
+    """An engine's verify_rows, except that in each sequence's logits draft j is made the target's
+    argmax with probability FORCED_P, so greedy acceptance happens at a known rate whatever the random
+    weights predict. The head and the target (graphed or not) still do all their work."""
 
-    def __init__(self, forward, seed: int):
-        self._forward, self._rng = forward, random.Random(seed)
+    def __init__(self, verify_rows, seed: int):
+        self._verify_rows, self._rng = verify_rows, random.Random(seed)
 
-    def __call__(self, tokens, state):
-        hidden, logits = self._forward(tokens, state)
-        logits = logits.clone()  # a graph's output buffer is not ours to change
-        for j, draft in enumerate(tokens[1:].tolist()):
-            if self._rng.random() < FORCED_P:
-                logits[j, draft] = logits[j].max() + 1.0
-        return hidden, logits
+    def __call__(self, token_lists, states):
+        out = []
+        for tokens, (hidden, logits) in zip(token_lists, self._verify_rows(token_lists, states)):
+            logits = logits.clone()  # a graph's output buffer is not ours to change
+            for j, draft in enumerate(tokens[1:]):
+                if self._rng.random() < FORCED_P:
+                    logits[j, draft] = logits[j].max() + 1.0
+            out.append((hidden, logits))
+        return out
 
 
 def kv_capacity(model, entry, config, weights: int, device: str) -> dict:

@@ -95,28 +95,35 @@ def test_release_gives_the_state_back_and_frees_the_slot(tiny_model):
         decoder.decode([1, 2, 3], [fresh, states[1], states[0]])
 
 
-def test_static_verify_equals_forward_and_rolls_back(tiny_model):
-    """A speculative verify through the static step: the forward's hidden states and logits, and a
-    rollback to any accepted prefix leaves the GDN state the eager forward's rollback does."""
+@pytest.mark.parametrize("sequences", [1, 2])
+def test_static_verify_equals_forward_and_rolls_back(tiny_model, sequences):
+    """Speculative verifies through the static step (two sequences: in one forward): each forward's
+    hidden states and logits, and a rollback to any accepted prefix leaves the GDN state the eager
+    forward's rollback does."""
     model = tiny_model("tiny-qwen3.5")
     c = model.cfg
     layers = {key: i for i, key in enumerate(model.kv_layers())}
-    pool = BlockPool(KVLayout(len(layers), c.num_kv_heads, c.head_dim, 16, "int8"), 40, model.device)
+    pool = BlockPool(KVLayout(len(layers), c.num_kv_heads, c.head_dim, 16, "int8"), 60, model.device)
     decoder = GraphedDecoder(model, pool, layers, max_batch=2, dtype=model.dtype, draft_tokens=3)
-    prompt = _prompts(1, seed=7)[0]
-    eager, static = (SequenceState(kv=PagedKV(pool, layers), keep_steps=True) for _ in range(2))
-    model.forward(torch.tensor(prompt), eager)
-    model.forward(torch.tensor(prompt), static)
+    prompts = _prompts(sequences, seed=7)
+    eager = [SequenceState(kv=PagedKV(pool, layers), keep_steps=True) for _ in prompts]
+    static = [SequenceState(kv=PagedKV(pool, layers), keep_steps=True) for _ in prompts]
+    for p, a, b in zip(prompts, eager, static):
+        model.forward(torch.tensor(p), a)
+        model.forward(torch.tensor(p), b)
     for keep, tokens in ((2, [5, 6, 7, 8]), (4, [9, 10, 11, 12]), (1, [13, 14, 15]), (3, [16, 17, 18])):
-        want_hidden, want_logits = model.forward(torch.tensor(tokens), eager)
-        hidden, logits = decoder.verify(torch.tensor(tokens), static)
-        assert _rel(hidden, want_hidden) < 1e-3 and _rel(logits, want_logits) < 1e-3
-        eager.rollback(keep)
-        static.rollback(keep)
-        assert static.length == eager.length
-        for i in eager.recurrent:
-            assert _rel(static.recurrent[i], eager.recurrent[i]) < 1e-3 and _rel(static.conv[i], eager.conv[i]) < 1e-3
-    assert set(decoder.buckets) == {(1, 4), (1, 3)}
+        lists = [[t + 20 * b for t in tokens] for b in range(sequences)]
+        got = decoder.verify_batch(lists, static)
+        for b, ((hidden, logits), a, st) in enumerate(zip(got, eager, static)):
+            want_hidden, want_logits = model.forward(torch.tensor(lists[b]), a)
+            assert _rel(hidden, want_hidden) < 1e-3 and _rel(logits, want_logits) < 1e-3
+            a.rollback(max(1, keep - b))  # the sequences keep different prefixes
+            st.rollback(max(1, keep - b))
+        for a, st in zip(eager, static):
+            assert st.length == a.length
+            for i in a.recurrent:
+                assert _rel(st.recurrent[i], a.recurrent[i]) < 1e-3 and _rel(st.conv[i], a.conv[i]) < 1e-3
+    assert set(decoder.buckets) == {(sequences, 4), (sequences, 3)}
 
 
 def test_static_drafts_equal_the_heads_proposals(tiny_model):
@@ -154,7 +161,7 @@ def test_engine_with_static_decode_matches_eager(tiny_model):
         spec.run_until_done()
         results += drafted
         if graphs:
-            assert (1, 4) in spec.graphs.buckets  # the verify steps went through the static forward
+            assert (2, 4) in spec.graphs.buckets  # both sequences verified their 3 drafts in one static forward
         again = engine.submit(Request(prompts[0] + results[0].tokens[:-1] + [11, 12], max_tokens=6))
         engine.run_until_done()  # a follow-up restores the frontier's GDN state into a slot
         outputs[graphs] = [(r.tokens, r.finish_reason) for r in results] + [(again.tokens, again.cached_tokens)]
