@@ -11,8 +11,8 @@ kernels read either the same way). Everything then runs through the real engine 
 chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - prefill: TTFT of one 8K / 32K / 100K-token prompt; tok/s and model FLOP/s vs the bf16 ceiling;
   - decode: aggregate tok/s at C = 1, 2, 4, 8 vs the weight-bandwidth roofline (bytes every token reads);
-  - MTP (--draft-tokens 3) at C = 1: at the real acceptance (random weights: near 0) and at a forced
-    one (each draft made the target's argmax with probability 0.69: ~50% of drafts accepted);
+  - MTP (--draft-tokens 3): at the real acceptance (random weights: near 0) at C = 1, and at a forced
+    one (each draft made the target's argmax with probability 0.69: ~50% accepted) at every C;
   - torch.profiler tables of 8 decode steps at C = 1 and at the largest C (decode_profile*.txt): where
     a token's time goes; with --profile-prefill N, one of an N-token prefill too (prefill_profile.txt);
   - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory).
@@ -382,11 +382,12 @@ def main() -> None:
             print(f"[{profile}] decode C=1 at {args.decode_context} tokens: {row['tok_s']:.1f} tok/s", flush=True)
         if model.has_mtp and n == 0:
             decode(model, 1, 8, 128, draft_tokens=3)  # warm-up: verify (M = 4) and head kernels compile here
-            for forced in (False, True):
-                row = decode(model, 1, args.new_tokens, 512, draft_tokens=3, forced=forced)
+            # the real acceptance (random weights: ~0) at C = 1; the forced one at every concurrency
+            for c, forced in [(1, False)] + [(c, True) for c in args.concurrency]:
+                row = decode(model, c, args.new_tokens, 512, draft_tokens=3, forced=forced)
                 p["decode"].append(row)
                 save()
-                print(f"[{profile}] decode MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
+                print(f"[{profile}] decode C={c} MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
                       f"accept {row['acceptance']}", flush=True)
         if n == 0:
             decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
