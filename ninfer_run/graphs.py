@@ -115,9 +115,9 @@ class _Drafts:
 
 
 class GraphedDecoder:
-    """Plain decode steps of up to `max_batch` sequences, speculative verify forwards (one sequence,
-    2 .. draft_tokens + 1 tokens) and the MTP head's drafts, through captured graphs (CUDA) or the
-    same static forwards run eagerly (elsewhere)."""
+    """Plain decode steps and speculative verify forwards (2 .. draft_tokens + 1 tokens each) of up to
+    `max_batch` sequences, and the MTP head's drafts, through captured graphs (CUDA) or the same
+    static forwards run eagerly (elsewhere)."""
 
     def __init__(self, model, pool: BlockPool, layers: dict[int, int], max_batch: int, dtype: torch.dtype,
                  draft_tokens: int = 0, mtp_pool: BlockPool | None = None):
