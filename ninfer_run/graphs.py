@@ -44,21 +44,24 @@ class _Bucket:
     def stage(self, tokens: list[int], states: list[SequenceState], slots: list[int]) -> None:
         """Write the step's rows (q_len tokens of each sequence) into the host image, copy it over."""
         t = self.batch.q_len
-        positions, kv_slots = [], []
+        positions, kv_slots, tables_changed = [], [], False
         for b, st in enumerate(states):
             length, blocks = st.length, st.kv.blocks
             positions += range(length + st.position_offset, length + st.position_offset + t)
             kv_slots += (st.kv.slot(length + j) for j in range(t))
-            if self.owners[b] != (id(st), blocks):  # only a new or grown table is rewritten
+            if self.owners[b] != (id(st), blocks):  # only a new or grown table is rewritten (and copied)
                 self.table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
                 self.owners[b] = (id(st), list(blocks))
+                tables_changed = True
         self.rows.copy_(torch.tensor([tokens, positions, kv_slots]))  # one host tensor per step, not one per row
         self.slots.copy_(torch.tensor(slots))
         self.lens.copy_(torch.tensor([st.length + t for st in states], dtype=torch.int32))
         batch = self.batch
         for dst, src in ((batch.tokens, self.rows[0]), (batch.positions, self.rows[1]), (batch.kv_slots, self.rows[2]),
-                         (batch.state_slots, self.slots), (batch.tables, self.table), (batch.lens, self.lens)):
+                         (batch.state_slots, self.slots), (batch.lens, self.lens)):
             dst.copy_(src, non_blocking=True)
+        if tables_changed:
+            batch.tables.copy_(self.table, non_blocking=True)
 
     def forget(self, state_id: int) -> None:
         """A released sequence's rows must be rewritten even if a new one reuses its id."""
@@ -189,11 +192,7 @@ class GraphedDecoder:
         d = self.drafts[n]
         d.stage(drafter)
         if self.capture and d.graph is None:
-            try:
-                d.graph, _ = self._captured(lambda: d.run(self.model))  # writes speculative KV slots only
-            except Exception as err:  # noqa: BLE001 - as for decode steps: go on eagerly
-                log.warning("CUDA graph capture failed (%s); draft steps run eagerly from now on", err)
-                self.capture = False
+            d.graph, _ = self._captured(lambda: d.run(self.model))  # writes speculative KV slots only
         if d.graph is not None:
             d.graph.replay()
             self.replays += 1
@@ -203,17 +202,23 @@ class GraphedDecoder:
 
     def _captured(self, fn):
         """fn warmed up twice on a side stream (Triton compiles, cuBLAS picks its kernels), then
-        captured -> (graph, what the captured call returned: tensors the replays rewrite)."""
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.mempool):
-            out = fn()
-        return graph, out
+        captured -> (graph, what the captured call returned: tensors the replays rewrite). If that
+        fails, (None, None) and no more captures: every step then runs eagerly, as on a CPU."""
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.mempool):
+                out = fn()
+            return graph, out
+        except Exception as err:  # noqa: BLE001 - a step that cannot be captured still runs, eagerly
+            log.warning("CUDA graph capture failed (%s); steps run eagerly from now on", err)
+            self.capture = False
+            return None, None
 
     def _step(self, tokens: list[int], states: list[SequenceState], q_len: int):
         for st in states:
@@ -222,11 +227,7 @@ class GraphedDecoder:
         bucket = self._bucket(len(states), q_len)
         bucket.stage(tokens, states, slots)
         if self.capture and bucket.graph is None:
-            try:
-                self._capture(bucket)  # on this step's real rows: nothing else is written
-            except Exception as err:  # noqa: BLE001 - a step that cannot be captured still runs, eagerly
-                log.warning("CUDA graph capture failed (%s); decode steps run eagerly from now on", err)
-                self.capture, bucket.graph = False, None
+            self._capture(bucket)  # on this step's real rows: nothing else is written
         if bucket.graph is not None:
             bucket.graph.replay()
             hidden, logits = bucket.out
@@ -274,8 +275,6 @@ class GraphedDecoder:
         values, but they advance the GDN states: those are saved first and put back (capturing runs nothing)."""
         batch = bucket.batch
         saved = None if self.slab is None else self.slab.gather(batch.state_slots)
-        try:
-            bucket.graph, bucket.out = self._captured(lambda: self.model.forward_static(batch))
-        finally:  # also when it fails: the eager step that follows needs the states as they were
-            if saved is not None:
-                self.slab.scatter(batch.state_slots, saved)
+        bucket.graph, bucket.out = self._captured(lambda: self.model.forward_static(batch))
+        if saved is not None:  # also after a failed capture: the eager step that follows needs them as they were
+            self.slab.scatter(batch.state_slots, saved)
