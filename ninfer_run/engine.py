@@ -23,7 +23,7 @@ from .graphs import GraphedDecoder
 from .kv.pool import BlockPool, KVLayout, PoolExhausted
 from .kv.prefix import PrefixCache
 from .sampling import SamplingParams, next_token
-from .spec import MTPDrafter, SpecStats, accept
+from .spec import MTPDrafter, SpecStats, accept, keeping_steps
 from .state import PagedKV, SequenceState
 from .vision.media import MediaEncoder
 from .vision.prompt import MultimodalPrompt
@@ -276,13 +276,8 @@ class Engine:
             by_count.setdefault(n, []).append((run, drafts))
         for group in by_count.values():
             states = [run.state for run, _ in group]
-            for state in states:
-                state.keep_steps = True  # these forwards only: prefill and plain steps keep no per-token states
-            try:
+            with keeping_steps(states):
                 rows = self.verify_rows([[run.result.tokens[-1], *drafts] for run, drafts in group], states)
-            finally:
-                for state in states:
-                    state.keep_steps = False
             for (run, drafts), (hidden, logits) in zip(group, rows):
                 new = accept(run.state, drafts, hidden, logits, run.request.params, run.generator, self.spec_stats)
                 run.result.drafted += len(drafts)

@@ -10,6 +10,7 @@ the per-token states the verify forward kept; the MTP head re-reads the verified
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -113,12 +114,22 @@ def verify_step(forward, state: SequenceState, last: int, drafts: list[int], par
     """One target forward over [last, *drafts]: the accepted drafts plus one more token (1..N+1).
     Rolls `state` back to the accepted prefix and leaves its hidden states in state.verified_hidden.
     `forward(tokens, state) -> (hidden, logits)`: the model's, or a captured graph's (graphs.py)."""
-    state.keep_steps = True  # this forward only: a prefill or plain step needs no per-token states
-    try:
+    with keeping_steps([state]):
         hidden, logits = forward(torch.tensor([last, *drafts]), state)
-    finally:
-        state.keep_steps = False
     return accept(state, drafts, hidden, logits, params, gen, stats)
+
+
+@contextmanager
+def keeping_steps(states: list[SequenceState]):
+    """The verify forward(s) inside keep each token's GDN state for the rollback; only they do: a
+    prefill or a plain step keeps none (a prompt would otherwise keep one state per token)."""
+    for state in states:
+        state.keep_steps = True
+    try:
+        yield
+    finally:
+        for state in states:
+            state.keep_steps = False
 
 
 def accept(state: SequenceState, drafts: list[int], hidden: torch.Tensor, logits: torch.Tensor,

@@ -98,7 +98,7 @@ class SequenceState:
     kv: DenseKV | PagedKV = field(default_factory=DenseKV)
     conv: dict[int, torch.Tensor] = field(default_factory=dict)
     recurrent: dict[int, torch.Tensor] = field(default_factory=dict)
-    # With keep_steps (spec.verify_step sets it for its forward only), GDN layers also record (conv,
+    # With keep_steps (spec.keeping_steps sets it for verify forwards only), GDN layers also record (conv,
     # recurrent) after every token of the forward, so the verify can roll back to any accepted prefix
     # without recomputing.
     keep_steps: bool = False
