@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from ninfer_pack.quant import quantize_nvfp4
+from tests.kernels.conftest import rounded_once
 
 triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.gpu  # `pytest -m gpu`: compiled on a GPU, in Triton's interpreter elsewhere
@@ -65,15 +66,8 @@ def test_cuda_gemv_matches_reference(m, n, kk):
         if n % (8 * tiles) == 0:  # warps past the K tiles idle (K = 128: one tile)
             out = cuda_ops.nvfp4_gemv(x, q, s8, s2, shape=(tiles, warps))
             assert out.shape == (m, n) and out.dtype == torch.bfloat16
-            assert _rounded_once(out, ref), (tiles, warps)
+            assert rounded_once(out, ref), (tiles, warps)
     # subnormal block scales (e4m3 exponent 0): every scale byte set to 1..7 must still decode exactly
     tiny = torch.randint(1, 8, s8.shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8).to(DEVICE)
     small = tiny.view(s8.dtype)
-    assert _rounded_once(cuda_ops.nvfp4_gemv(x, q, small, s2), k.reference(x, q, small, s2))
-
-
-def _rounded_once(out: torch.Tensor, ref: torch.Tensor) -> bool:
-    """out (bf16) is the float32 reference rounded once: within a bf16 rounding of it everywhere (the
-    float32 sums themselves differ by order only, ~1e-6 of the largest output)."""
-    err = (out.float() - ref).abs()
-    return bool((err <= ref.abs() * 2**-8 + 1e-5 * ref.abs().max()).all()) and not torch.isnan(out).any()
+    assert rounded_once(cuda_ops.nvfp4_gemv(x, q, small, s2), k.reference(x, q, small, s2))
