@@ -140,17 +140,18 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
     engine = build_engine(model, config)
     if forced:
         engine.verify_rows = ForcedAcceptance(engine.verify_rows, seed)
-    # room past the timed tokens: speculative steps keep their full draft count (and their captured
-    # graph) up to the end of the timed part; the shorter last steps run after it
+    # untimed first: every prompt (a long one takes several chunks), then a few steps in which a graphed
+    # engine captures this shape's graphs (decode; verify and drafts with MTP). Room past the timed
+    # tokens: speculative steps keep their full draft count up to the end of the timed part.
+    warm = 4 * (draft_tokens + 1)
     results = [engine.submit(Request(_prompt(prompt, model.cfg.vocab_size, seed + i),
-                                     max_tokens=new_tokens + draft_tokens + 1, params=GREEDY))
+                                     max_tokens=warm + new_tokens + draft_tokens + 1, params=GREEDY))
                for i in range(concurrency)]
-    engine.step()  # admission + the whole prompt (one chunk) + the first token of every sequence
-    engine.step()  # the first decode step: a graphed engine captures its batch size's graph here
+    _steps_until(engine, results, warm)
     _sync()
     start_tokens, t0 = sum(len(r.tokens) for r in results), time.perf_counter()
 
-    _profiled(functools.partial(_steps_until, engine, results, new_tokens), profile_to)
+    _profiled(functools.partial(_steps_until, engine, results, warm + new_tokens), profile_to)
     _sync()
     seconds = time.perf_counter() - t0
     made = sum(len(r.tokens) for r in results) - start_tokens
@@ -317,6 +318,36 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> None:
+    """Decode rows into p["decode"]: C = 1 for every profile; for the first also every concurrency,
+    a long context, MTP (real and forced acceptance) and the decode profiles (device time)."""
+    decode(model, 1, 4, 128)  # warm-up
+    for c in args.concurrency if first else [1]:
+        row = decode(model, c, args.new_tokens, 512)
+        p["decode"].append(row)
+        save()
+        print(f"[{profile}] decode C={c}: {row['tok_s']:.1f} tok/s", flush=True)
+    if args.decode_context and first:  # decode after a long prompt: the KV read joins the weights'
+        row = decode(model, 1, args.new_tokens, args.decode_context)
+        p["decode"].append(row)
+        save()
+        print(f"[{profile}] decode C=1 at {args.decode_context} tokens: {row['tok_s']:.1f} tok/s", flush=True)
+    if model.has_mtp and first:
+        decode(model, 1, 8, 128, draft_tokens=3)  # warm-up: verify (M = 4) and head kernels compile here
+        # the real acceptance (random weights: ~0) at C = 1; the forced one at every concurrency
+        for c, forced in [(1, False)] + [(c, True) for c in args.concurrency]:
+            row = decode(model, c, args.new_tokens, 512, draft_tokens=3, forced=forced)
+            p["decode"].append(row)
+            save()
+            print(f"[{profile}] decode C={c} MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
+                  f"accept {row['acceptance']}", flush=True)
+    if first:
+        decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
+        if max(args.concurrency) > 1:  # and at the largest concurrency: what grows with the batch
+            c = max(args.concurrency)
+            decode(model, c, 8, 512, profile_to=args.out / f"decode_profile_c{c}.txt")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/bench")))
@@ -324,11 +355,13 @@ def main() -> None:
     parser.add_argument("--prefill", nargs="+", type=int, default=[8192, 32768, 100_000])
     parser.add_argument("--chunk", type=int, default=8192, help="prefill chunk (tokens)")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
-    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--new-tokens", type=int, default=48, help="timed tokens per sequence")
     parser.add_argument("--decode-context", type=int, default=32768, metavar="TOKENS",
                         help="also decode C = 1 after a prompt this long (0: no)")
     parser.add_argument("--profile-prefill", type=int, default=0, metavar="TOKENS",
                         help="also profile one prefill of this many tokens (prefill_profile.txt)")
+    parser.add_argument("--no-decode", action="store_true", help="prefill figures only (no decode, MTP, profiles)")
+    parser.add_argument("--no-peer", action="store_true", help="skip transformers")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
@@ -369,31 +402,8 @@ def main() -> None:
             print(f"[{profile}] prefill {tokens}: {row['ttft_s']:.2f} s", flush=True)
         if args.profile_prefill and n == 0:
             prefill(model, args.profile_prefill, args.chunk, seed=7, profile_to=args.out / "prefill_profile.txt")
-        decode(model, 1, 4, 128)  # warm-up
-        for c in args.concurrency if n == 0 else [1]:
-            row = decode(model, c, args.new_tokens, 512)
-            p["decode"].append(row)
-            save()
-            print(f"[{profile}] decode C={c}: {row['tok_s']:.1f} tok/s", flush=True)
-        if args.decode_context and n == 0:  # decode after a long prompt: the KV read joins the weights'
-            row = decode(model, 1, args.new_tokens, args.decode_context)
-            p["decode"].append(row)
-            save()
-            print(f"[{profile}] decode C=1 at {args.decode_context} tokens: {row['tok_s']:.1f} tok/s", flush=True)
-        if model.has_mtp and n == 0:
-            decode(model, 1, 8, 128, draft_tokens=3)  # warm-up: verify (M = 4) and head kernels compile here
-            # the real acceptance (random weights: ~0) at C = 1; the forced one at every concurrency
-            for c, forced in [(1, False)] + [(c, True) for c in args.concurrency]:
-                row = decode(model, c, args.new_tokens, 512, draft_tokens=3, forced=forced)
-                p["decode"].append(row)
-                save()
-                print(f"[{profile}] decode C={c} MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
-                      f"accept {row['acceptance']}", flush=True)
-        if n == 0:
-            decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
-            if max(args.concurrency) > 1:  # and at the largest concurrency: what grows with the batch
-                c = max(args.concurrency)
-                decode(model, c, 8, 512, profile_to=args.out / f"decode_profile_c{c}.txt")
+        if not args.no_decode:
+            decode_figures(model, profile, p, args, n == 0, save)
         kv_token = p["kv_capacity"].get("kv_bytes_per_token", 0)
         for row in p["decode"]:  # a step of C sequences reads the weights once and each sequence's KV
             step_bytes = read_bytes + row["concurrency"] * row["context"] * kv_token
@@ -404,7 +414,7 @@ def main() -> None:
         gc.collect()
         if gpu:
             torch.cuda.empty_cache()
-    if gpu:
+    if gpu and not args.no_peer:
         entry = registry_entry(model_id)
         config = entry.expected_config()
         try:
