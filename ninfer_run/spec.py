@@ -137,9 +137,11 @@ def accept(state: SequenceState, drafts: list[int], hidden: torch.Tensor, logits
     """The verify forward's rows (hidden, logits of [last, *drafts]) -> the accepted drafts and one
     more token; rolls `state` back to them (its per-token GDN states) and keeps their hidden states."""
     new: list[int] = []
+    # greedy: every row's argmax in one device-to-host read, not one per draft
+    argmax = logits[: len(drafts) + 1].argmax(-1).tolist() if params.greedy else None
     for j, d in enumerate(drafts):
-        if params.greedy:  # no randomness at all: accept iff the draft is the argmax
-            token = int(logits[j].argmax())
+        if argmax is not None:  # no randomness at all: accept iff the draft is the argmax
+            token = argmax[j]
             ok = token == d
         else:
             ok, token = accept_or_resample(target_probs(logits[j], params), d, gen)
@@ -147,7 +149,8 @@ def accept(state: SequenceState, drafts: list[int], hidden: torch.Tensor, logits
         if not ok:
             break
     else:
-        new.append(next_token(logits[len(drafts)], params, gen))  # the bonus token
+        bonus = argmax[len(drafts)] if argmax is not None else next_token(logits[len(drafts)], params, gen)
+        new.append(bonus)
     accepted = len(new) - 1
     state.rollback(accepted + 1)
     state.verified_hidden = hidden[: accepted + 1]
