@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import allocator
 from .graphs import GraphedDecoder
 from .kv.pool import BlockPool, KVLayout, PoolExhausted
 from .kv.prefix import PrefixCache
@@ -128,8 +127,6 @@ def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.
     layout = KVLayout(len(layers), c.num_kv_heads, c.head_dim, config.block_size, config.kv_dtype)
     recurrent = "linear_attention" in getattr(c, "layer_types", ())
     device = model.device  # the KV pools live beside the weights
-    if device.type == "cuda":
-        allocator.configure()
     graphs = config.cuda_graphs if config.cuda_graphs is not None else device.type == "cuda"
     pool = BlockPool.for_context(layout, config.max_context, device)
     cache = PrefixCache(pool, layers, recurrent, config.max_frontiers)
