@@ -327,12 +327,14 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
         p["decode"].append(row)
         save()
         print(f"[{profile}] decode C={c}: {row['tok_s']:.1f} tok/s", flush=True)
-    if args.decode_context and first:  # decode after a long prompt: the KV read joins the weights'
+    if not first:
+        return
+    if args.decode_context:  # decode after a long prompt: the KV read joins the weights'
         row = decode(model, 1, args.new_tokens, args.decode_context)
         p["decode"].append(row)
         save()
         print(f"[{profile}] decode C=1 at {args.decode_context} tokens: {row['tok_s']:.1f} tok/s", flush=True)
-    if model.has_mtp and first:
+    if model.has_mtp:
         decode(model, 1, 8, 128, draft_tokens=3)  # warm-up: verify (M = 4) and head kernels compile here
         # the real acceptance (random weights: ~0) at C = 1; the forced one at every concurrency
         for c, forced in [(1, False)] + [(c, True) for c in args.concurrency]:
@@ -341,11 +343,10 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
             save()
             print(f"[{profile}] decode C={c} MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
                   f"accept {row['acceptance']}", flush=True)
-    if first:
-        decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
-        if max(args.concurrency) > 1:  # and at the largest concurrency: what grows with the batch
-            c = max(args.concurrency)
-            decode(model, c, 8, 512, profile_to=args.out / f"decode_profile_c{c}.txt")
+    decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
+    if max(args.concurrency) > 1:  # and at the largest concurrency: what grows with the batch
+        c = max(args.concurrency)
+        decode(model, c, 8, 512, profile_to=args.out / f"decode_profile_c{c}.txt")
 
 
 def main() -> None:

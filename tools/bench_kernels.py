@@ -83,7 +83,7 @@ def _rotating(fn_of, items):
 
 def _nvfp4_weight(n, k, device):
     q, s8, s2 = quantize_nvfp4(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.05)
-    return q, s8, s2.to(device)  # as the loader places it: a CPU scalar would time a host copy per call
+    return q, s8, s2
 
 
 def _int4_weight(n, k, device):

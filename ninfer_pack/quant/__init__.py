@@ -21,7 +21,7 @@ def quantize_tensor(scheme: dict, w: torch.Tensor, name: str, global_scale: torc
         return {"data": w.to(DTYPES[scheme["dtype"]][0])}
     if kind == "nvfp4":
         q, s8, s2 = quantize_nvfp4(w, global_scale, name)
-        return {"qweight": q, "block_scale": s8, "global_scale": s2.to(w.device)}
+        return {"qweight": q, "block_scale": s8, "global_scale": s2}
     if kind == "int":
         return quantize_int(w, scheme["bits"], scheme["group_size"], scheme["symmetric"], name)
     raise ValueError(f"unknown scheme kind {kind!r}")

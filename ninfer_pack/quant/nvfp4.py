@@ -114,4 +114,4 @@ def quantize_nvfp4(w: torch.Tensor, s2: torch.Tensor | None = None, name: str = 
     slab = _gpu_slab() if w.device.type == "cuda" else quantize_slab
     for r0 in range(0, n, rows):
         qweight[r0 : r0 + rows], scales[r0 : r0 + rows] = slab(w[r0 : r0 + rows], s2_dev)
-    return qweight, scales, s2.to(torch.float32).reshape(())
+    return qweight, scales, s2_dev.reshape(())

@@ -32,11 +32,7 @@ class QuantizedLinear:
     def __init__(self, scheme: dict, parts: dict[str, torch.Tensor], shape: tuple[int, int], scratch: Scratch):
         if scheme["kind"] not in ("nvfp4", "int"):
             raise ValueError(f"no kernel for scheme {scheme['kind']!r}")
-        device = parts["qweight"].device
-        # every part on the weight's device: a CPU global scale would cost each call a synchronous
-        # host-to-device copy (and break CUDA Graph capture)
-        self.parts = {role: p.to(device) for role, p in parts.items()}
-        self.scheme, self.shape, self.scratch = scheme, shape, scratch
+        self.scheme, self.parts, self.shape, self.scratch = scheme, parts, shape, scratch
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead, k = x.shape[:-1], x.shape[-1]

@@ -23,6 +23,7 @@ def test_nvfp4_cuda_equals_cpu(shape):
     qc, s8c, s2c = quantize_nvfp4(w.cuda())
     assert torch.equal(q, qc.cpu()) and torch.equal(s8.view(torch.uint8), s8c.cpu().view(torch.uint8))
     assert torch.equal(s2, s2c.cpu())
+    assert s2c.device == qc.device  # beside the weight: a CPU s2 costs each GEMV a synchronous copy
 
 
 @pytest.mark.parametrize("rows,k", [(1, 16), (7, 48), (300, 5120), (4096, 17408)])
