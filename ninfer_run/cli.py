@@ -54,6 +54,8 @@ _PREFILL_CHUNK = typer.Option(None, "--prefill-chunk", help="prompt tokens per p
 _KV_DTYPE = typer.Option("int8", "--kv-dtype", help="int8 (group-64) | bf16")
 _SPEC = typer.Option(None, "--spec", help="mtp: speculative decoding with the artifact's MTP head")
 _DRAFT_TOKENS = typer.Option(3, "--draft-tokens", help="drafts per step with --spec mtp")
+_SPEC_MAX_BATCH = typer.Option(1, "--spec-max-batch", min=1,
+                               help="speculate while at most this many sequences decode (beyond: plain batched steps)")
 _MAX_FRONTIERS = typer.Option(32, "--max-frontiers", help="prefix-cache frontiers kept (GDN snapshots)")
 _CUDA_GRAPHS = typer.Option(None, "--cuda-graphs/--no-cuda-graphs",
                             help="replay plain decode steps from CUDA graphs (default: on with a CUDA device)")
@@ -153,6 +155,7 @@ def serve(
     kv_dtype: str = _KV_DTYPE,
     spec: str | None = _SPEC,
     draft_tokens: int = _DRAFT_TOKENS,
+    spec_max_batch: int = _SPEC_MAX_BATCH,
     max_frontiers: int = _MAX_FRONTIERS,
     cuda_graphs: bool | None = _CUDA_GRAPHS,
     api_key: str | None = typer.Option(None, "--api-key", envvar="NINFER_API_KEY", help="require this key"),
@@ -179,7 +182,7 @@ def serve(
 
     config = _engine_config(max_context, max_concurrency, _default_chunk(prefill_chunk, device), kv_dtype, spec,
                             draft_tokens, max_frontiers, pending_timeout_ms=pending_timeout_ms, max_queued=max_queued_requests,
-                            cuda_graphs=cuda_graphs)
+                            cuda_graphs=cuda_graphs, spec_max_batch=spec_max_batch)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         typer.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
     media = {"media_cache_mib": media_cache_mib, "media_live_mib": media_live_mib}

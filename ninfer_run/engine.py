@@ -5,6 +5,9 @@ than --pending-timeout-ms), then advances every running sequence by one prefill 
 decode token. Sequences in plain decode share one batched forward per step (the weights are read
 once for all of them): `decode_batch`, or on CUDA a captured graph per batch size (graphs.py);
 prefill chunks and speculative steps run per sequence (on CUDA their drafts and verify are graphed too).
+Speculation runs while at most --spec-max-batch sequences decode: beyond that, drafting per sequence
+costs more than it saves, so they join the plain batched step and their MTP heads catch up on the
+skipped tokens in one forward when they speculate again.
 Finished sequences leave a prefix-cache frontier. Cancellation frees a sequence's blocks at once.
 """
 
@@ -101,6 +104,20 @@ class _Running:
     generator: torch.Generator | None = None
     drafter: MTPDrafter | None = None
     hidden: torch.Tensor | None = None  # last prefill chunk's hidden states (for the MTP head)
+    # decoded while speculation was paused: (hidden state h_t, token t + 1) for the MTP head to observe
+    unobserved: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+
+    def record(self, hidden_row: torch.Tensor, token: int) -> None:
+        """A plain step of a sequence with a drafter: kept for the head (hidden_row [1, H] is copied)."""
+        if self.drafter is not None:
+            self.unobserved.append((hidden_row.clone(), token))
+
+    def catch_up(self) -> None:
+        """The head observes the tokens decoded while speculation was paused (one forward)."""
+        if self.unobserved:
+            hidden = torch.cat([h for h, _ in self.unobserved])
+            self.drafter.observe(hidden, torch.tensor([t for _, t in self.unobserved]))
+            self.unobserved.clear()
 
 
 @dataclass(frozen=True)
@@ -110,6 +127,7 @@ class EngineConfig:
     prefill_chunk: int = 1024
     pending_timeout_ms: int = 600_000
     draft_tokens: int = 0  # > 0: MTP speculative decoding with this many drafts per step
+    spec_max_batch: int = 1  # speculate while at most this many sequences decode; beyond, plain batched steps
     max_queued: int = 256  # requests waiting for admission beyond this are refused (QueueFull)
     kv_dtype: str = "int8"  # int8 (group-64) | bf16
     block_size: int = 64  # KV pool block, tokens
@@ -253,12 +271,10 @@ class Engine:
             self._emit(run, [token], fed=0)
             return
         self._ensure_room(run, 1)  # plain decode, one sequence (speculating ones go through _speculate)
-        _, logits = self.model.forward(torch.tensor(run.result.tokens[-1:]), run.state, last_logits=True)
-        self._emit(run, [next_token(logits[-1], req.params, run.generator)], fed=1)
-
-    def _speculative(self, run: _Running) -> bool:
-        """Past its prompt and first token, with a drafter: it takes part in _speculate."""
-        return run.drafter is not None and run.result.first_token is not None
+        hidden, logits = self.model.forward(torch.tensor(run.result.tokens[-1:]), run.state, last_logits=True)
+        token = next_token(logits[-1], req.params, run.generator)
+        run.record(hidden[-1:], token)
+        self._emit(run, [token], fed=1)
 
     def _speculate(self, runs: list[_Running]) -> None:
         """One speculative step of every run: each proposes its drafts, then the target verifies them,
@@ -269,6 +285,7 @@ class Engine:
             n = min(self.config.draft_tokens, run.request.max_tokens - len(run.result.tokens))
             try:
                 self._ensure_room(run, n + 1)
+                run.catch_up()
                 drafts = self.graphs.propose(run.drafter, n) if self.graphs is not None else run.drafter.propose(n)
             except PoolExhausted as e:
                 self._fail(run, e)
@@ -304,11 +321,9 @@ class Engine:
                 return
         self._notify(res)
 
-    def _plain_decode(self, run: _Running) -> bool:
-        """Past its prompt and first token, without speculative decoding: it can join a batched forward
-        (a graphed one unless its prompt has images)."""
-        return (run.drafter is None and run.result.first_token is not None
-                and (self.graphs is None or self.graphs.supports(run.state)))
+    def _batchable(self, run: _Running) -> bool:
+        """It can join a batched forward (a graphed one unless its prompt has images)."""
+        return self.graphs is None or self.graphs.supports(run.state)
 
     def _decode_batch(self, runs: list[_Running]) -> None:
         """One forward for the next token of every run (each attends over its own KV and state)."""
@@ -323,11 +338,13 @@ class Engine:
             return
         tokens, states = [run.result.tokens[-1] for run in ready], [run.state for run in ready]
         if self.graphs is not None:
-            logits = self.graphs.decode(tokens, states)
+            hidden, logits = self.graphs.decode_rows(tokens, states)
         else:
-            logits = self.model.decode_batch(torch.tensor(tokens), states)
-        for run, row in zip(ready, logits):
-            self._emit(run, [next_token(row, run.request.params, run.generator)], fed=1)
+            hidden, logits = self.model.decode_batch_rows(torch.tensor(tokens), states)
+        for b, (run, row) in enumerate(zip(ready, logits)):
+            token = next_token(row, run.request.params, run.generator)
+            run.record(hidden[b : b + 1], token)
+            self._emit(run, [token], fed=1)
 
     def _fail(self, run: _Running, error: Exception) -> None:
         run.result.error = str(error)
@@ -335,11 +352,14 @@ class Engine:
 
     def step(self) -> None:
         self._admit()
-        batch = [run for run in self.running if self._plain_decode(run)] if self.config.batched_decode else []
+        decoding = [run for run in self.running if run.result.first_token is not None]
+        speculate = len(decoding) <= self.config.spec_max_batch
+        speculating = [run for run in decoding if run.drafter is not None and speculate]
+        plain = [run for run in decoding if run.drafter is None or not speculate]
+        batch = [run for run in plain if self._batchable(run)] if self.config.batched_decode else []
         if len(batch) < 2 and self.graphs is None:
             batch = []  # one sequence takes the plain path (unless steps are graphed)
         self._decode_batch(batch)
-        speculating = [run for run in self.running if self._speculative(run)]
         self._speculate(speculating)
         done = {id(run) for run in batch + speculating}
         for run in list(self.running):

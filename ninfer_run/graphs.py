@@ -147,9 +147,13 @@ class GraphedDecoder:
 
     def decode(self, tokens: list[int], states: list[SequenceState]) -> torch.Tensor:
         """The next token's logits [len(states), V] of each sequence."""
+        return self.decode_rows(tokens, states)[1]
+
+    def decode_rows(self, tokens: list[int], states: list[SequenceState]) -> tuple[torch.Tensor, torch.Tensor]:
+        """decode -> (final-norm hidden [B, H], logits [B, V]): the graph's buffers, valid until its next replay."""
         if not 1 <= len(states) <= self.max_batch:
             raise ValueError(f"a graphed step takes 1..{self.max_batch} sequences, got {len(states)}")
-        return self._step(tokens, states, 1)[1]
+        return self._step(tokens, states, 1)
 
     def verify(self, tokens: torch.Tensor, state: SequenceState) -> tuple[torch.Tensor, torch.Tensor]:
         """`model.forward`'s contract for a speculative verify (the last token and its drafts) of a

@@ -158,6 +158,7 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
     drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
     engine.run_until_done()
     row = {"concurrency": concurrency, "context": prompt, "draft_tokens": draft_tokens, "forced": forced,
+           "spec_max_batch": config.spec_max_batch,
            "tokens": made, "seconds": seconds, "tok_s": made / seconds,
            "acceptance": accepted / drafted if drafted else None}
     del engine
@@ -184,8 +185,8 @@ class ForcedAcceptance:
         for tokens, (hidden, logits) in zip(token_lists, self._verify_rows(token_lists, states)):
             logits = logits.clone()  # a graph's output buffer is not ours to change
             for j, draft in enumerate(tokens[1:]):
-                if self._rng.random() < FORCED_P:
-                    logits[j, draft] = logits[j].max() + 1.0
+                if self._rng.random() < FORCED_P:  # the dtype's largest value: max + 1 can round back to a tie in bf16
+                    logits[j, draft] = torch.finfo(logits.dtype).max
             out.append((hidden, logits))
         return out
 
@@ -344,6 +345,8 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
             print(f"[{profile}] decode C={c} MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
                   f"accept {row['acceptance']}", flush=True)
     decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
+    if model.has_mtp:  # a speculative step's device and host time: head drafts and observe, verify
+        decode(model, 1, 8, 512, draft_tokens=3, forced=True, profile_to=args.out / "decode_profile_mtp.txt")
     if max(args.concurrency) > 1:  # and at the largest concurrency: what grows with the batch
         c = max(args.concurrency)
         decode(model, c, 8, 512, profile_to=args.out / f"decode_profile_c{c}.txt")

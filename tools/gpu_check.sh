@@ -9,7 +9,7 @@
 #   bench   tools/bench.py: the full-size qwen3.8-27b through the engine vs transformers
 # Logs and JSON/PNG land in $OUT.       bash tools/gpu_check.sh [tests] [quant] [gemv] [kernels] [bench]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; BENCH_ARGS are passed
-# to bench.py (e.g. "--profiles nvfp4 --profile-prefill 32768").
+# to bench.py (e.g. "--profiles nvfp4 --profile-prefill 32768"), TESTS_ARGS to pytest (e.g. "tests/kernels").
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -23,7 +23,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > /tmp/
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv
 for stage in $stages; do
     case $stage in
-        tests) timeout ${TESTS_S:-300} python3 -m pytest -m gpu -q -rs -p no:cacheprovider --ignore=tests/server 2>&1 \
+        tests) timeout ${TESTS_S:-300} python3 -m pytest -m gpu -q -rs -p no:cacheprovider --ignore=tests/server ${TESTS_ARGS:-} 2>&1 \
                    | tee "$OUT/pytest_gpu.log" | grep -E "^(FAILED|ERROR)|passed|failed" ;;
         quant) timeout ${QUANT_S:-120} python3 tools/bench_quant.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_quant.log" ;;
         gemv) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gemv-only --out "$OUT" 2>&1 | tee "$OUT/bench_gemv.log" | grep gemv | cut -c1-220 ;;

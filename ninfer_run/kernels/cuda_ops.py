@@ -9,6 +9,8 @@ callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off
                its reference is nvfp4_linear.reference.
   int4_gemv    the same for int4 group-128 weights (symmetric or with zero points); its reference is
                int_linear.reference.
+  *_gemv16     the same sums with the weights as the MMA's A operand (16 rows per warp, a ring of
+               weight tiles in flight per warp); N % 16 == 0.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ SOURCES = ("ops.cpp", "quant_gemv_sm90.cu")
 CUDA_FLAGS = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo"]
 TILE_K = 128  # K per warp tile of nvfp4_gemv
 GEMV_SHAPES = {(1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4), (4, 8)}  # (n-tiles per warp, warps per block)
+GEMV16_SHAPES = {(w, d) for w in (4, 8, 16) for d in (2, 4)}  # (warps per block, tiles in flight per warp)
 
 
 def _build_dir() -> Path:
@@ -68,6 +71,17 @@ def int4_gemv_fits(x: torch.Tensor, n: int, bits: int, group: int, scale: torch.
     return bits == 4 and group == TILE_K and scale.dtype == torch.bfloat16 and gemv_fits(x, n)
 
 
+def gemv16_shape(n: int, k: int, device: torch.device) -> tuple[int, int]:
+    """(warps per block, tiles in flight per warp) of the *_gemv16 kernels: one block per 16 rows, as
+    many warps splitting K (4, 8 or 16, at most one per K tile) as it takes for ~24 warps of work per
+    multiprocessor; four tiles in flight per warp."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    warps = 4
+    while warps < 16 and (n // 16) * warps < 24 * sms and warps * 2 <= k // TILE_K:
+        warps *= 2
+    return warps, 4
+
+
 def gemv_shape(n: int, k: int, device: torch.device) -> tuple[int, int]:
     """(8-column tiles per warp, warps per block) of nvfp4_gemv. More tiles share each x fragment and
     keep more weight bytes in flight while N / (8 * tiles) blocks still cover every multiprocessor
@@ -100,4 +114,23 @@ def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int
     tiles, warps = shape or gemv_shape(n, k, x.device)
     y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
     torch.ops.ninfer.int4_gemv(x.contiguous(), qweight, scale, zero_point, y, tiles, warps)
+    return y
+
+
+def nvfp4_gemv16(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None) -> torch.Tensor:
+    """nvfp4_gemv's result from the 16-row kernel (N % 16 == 0). `shape`: (warps, depth), see gemv16_shape."""
+    n, k = qweight.shape[0], x.shape[1]
+    warps, depth = shape or gemv16_shape(n, k, x.device)
+    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
+    s2 = global_scale.reshape(1).to(device=x.device, dtype=torch.float32)
+    torch.ops.ninfer.nvfp4_gemv16(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, warps, depth)
+    return y
+
+
+def int4_gemv16(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int] | None = None) -> torch.Tensor:
+    """int4_gemv's result from the 16-row kernel (N % 16 == 0). `shape`: (warps, depth), see gemv16_shape."""
+    n, k = qweight.shape[0], x.shape[1]
+    warps, depth = shape or gemv16_shape(n, k, x.device)
+    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
+    torch.ops.ninfer.int4_gemv16(x.contiguous(), qweight, scale, zero_point, y, warps, depth)
     return y

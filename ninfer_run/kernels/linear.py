@@ -48,11 +48,13 @@ class QuantizedLinear:
         p = self.parts
         if self.scheme["kind"] == "nvfp4":
             if cuda_ops.gemv_fits(x, self.shape[0]):
-                return cuda_ops.nvfp4_gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
+                gemv = cuda_ops.nvfp4_gemv16 if self.shape[0] % 16 == 0 else cuda_ops.nvfp4_gemv
+                return gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
             return nvfp4_linear.gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
         bits, group = self.scheme["bits"], self.scheme["group_size"]
         if cuda_ops.int4_gemv_fits(x, self.shape[0], bits, group, p["scale"]):
-            return cuda_ops.int4_gemv(x, p["qweight"], p["scale"], p.get("zero_point"))
+            gemv = cuda_ops.int4_gemv16 if self.shape[0] % 16 == 0 else cuda_ops.int4_gemv
+            return gemv(x, p["qweight"], p["scale"], p.get("zero_point"))
         return int_linear.gemv(x, p["qweight"], p["scale"], p.get("zero_point"), bits, group)
 
     def _dequantize(self, out: torch.Tensor) -> torch.Tensor:

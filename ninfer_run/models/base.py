@@ -25,9 +25,14 @@ class CausalLM:
     def decode_batch(self, tokens: torch.Tensor, states: list[SequenceState]) -> torch.Tensor:
         """The next token of each of B sequences in one forward (weights read once): tokens [B] -> logits [B, V].
         Not for speculative decoding: its per-token rollback states are kept by `forward` only."""
+        return self.decode_batch_rows(tokens, states)[1]
+
+    def decode_batch_rows(self, tokens: torch.Tensor, states: list[SequenceState]) -> tuple[torch.Tensor, torch.Tensor]:
+        """decode_batch -> (final-norm hidden [B, H], logits [B, V]) (an MTP head observes the hidden)."""
         if any(state.keep_steps for state in states):
             raise ValueError("batched decode is for sequences without speculative decoding")
-        return linear(self._run(tokens, [(state, 1) for state in states]), self.lm_head)
+        hidden = self._run(tokens, [(state, 1) for state in states])
+        return hidden, linear(hidden, self.lm_head)
 
     def forward_static(self, batch: StaticBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows of `batch` (graphs.GraphedDecoder captures this) -> (final-norm hidden, logits)."""

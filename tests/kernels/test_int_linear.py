@@ -60,3 +60,7 @@ def test_cuda_int4_gemv_matches_reference(m, n, kk, symmetric):
             out = cuda_ops.int4_gemv(x, p["qweight"], p["scale"], p.get("zero_point"), shape=(tiles, warps))
             assert out.shape == (m, n) and out.dtype == torch.bfloat16
             assert rounded_once(out, ref), (tiles, warps)
+    for shape in sorted(cuda_ops.GEMV16_SHAPES) if n % 16 == 0 else ():
+        out = cuda_ops.int4_gemv16(x, p["qweight"], p["scale"], p.get("zero_point"), shape=shape)
+        assert out.shape == (m, n) and out.dtype == torch.bfloat16
+        assert rounded_once(out, ref), shape

@@ -71,3 +71,9 @@ def test_cuda_gemv_matches_reference(m, n, kk):
     tiny = torch.randint(1, 8, s8.shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8).to(DEVICE)
     small = tiny.view(s8.dtype)
     assert rounded_once(cuda_ops.nvfp4_gemv(x, q, small, s2), k.reference(x, q, small, s2))
+    if n % 16 == 0:  # the 16-row kernel, every (warps, depth), small scales too
+        for shape in sorted(cuda_ops.GEMV16_SHAPES):
+            out = cuda_ops.nvfp4_gemv16(x, q, s8, s2, shape=shape)
+            assert out.shape == (m, n) and out.dtype == torch.bfloat16
+            assert rounded_once(out, ref), shape
+        assert rounded_once(cuda_ops.nvfp4_gemv16(x, q, small, s2), k.reference(x, q, small, s2))

@@ -68,6 +68,44 @@ def _emulate(words: torch.Tensor, b_pair, x: torch.Tensor, per_tile=None) -> tor
     return y
 
 
+def _emulate16(words: torch.Tensor, a_pair, x: torch.Tensor, per_row_tile=None) -> torch.Tensor:
+    """The 16-row kernel (weights as A): a_pair(w, i, row, kt, c, t) -> bf16 values (lo, hi) of nibble
+    pair (i, i+4) of word t of lane c's 16 bytes of `row`; per_row_tile(part [16, 8] rows x tokens, n0,
+    kt) scales a tile's sums (int4). Registers are placed into A [16, 16], B [16, 8] by mma.sync's
+    fragment layout, multiplied, and read back out of D's fragments as the kernel stores them."""
+    y = torch.zeros(M, N, dtype=torch.float64)
+    xd = torch.zeros(8, K, dtype=torch.float64)
+    xd[:M] = x.double()  # B columns past M are zero (load_x)
+    for n0 in range(0, N, 16):
+        out = torch.zeros(16, 8, dtype=torch.float64)  # D: rows n0.., tokens
+        for kt in range(K // 128):
+            part = torch.zeros(16, 8, dtype=torch.float64)
+            for t in range(4):
+                for h in range(2):
+                    a, b = torch.zeros(16, 16, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
+                    for g in range(8):
+                        for c in range(4):
+                            k0 = kt * 128 + 32 * c + 8 * t
+                            for r, row in ((0, g), (1, g + 8)):  # a0, a2: row g; a1, a3: row g + 8
+                                w = words[n0 + row, kt * 16 + 4 * c + t]
+                                lo0, hi0 = a_pair(w, 2 * h, n0 + row, kt, c, t)
+                                lo2, hi2 = a_pair(w, 2 * h + 1, n0 + row, kt, c, t)
+                                a[row, 2 * c], a[row, 2 * c + 1], a[row, 2 * c + 8], a[row, 2 * c + 9] = lo0, hi0, lo2, hi2
+                            # b0 = (x[2h], x[2h+4]) at k 2c, 2c+1; b1 = (x[2h+1], x[2h+5]) at 2c+8, 2c+9; column g
+                            b[2 * c, g], b[2 * c + 1, g] = xd[g, k0 + 2 * h], xd[g, k0 + 2 * h + 4]
+                            b[2 * c + 8, g], b[2 * c + 9, g] = xd[g, k0 + 2 * h + 1], xd[g, k0 + 2 * h + 5]
+                    part += a @ b
+            out += per_row_tile(part, n0, kt) if per_row_tile else part
+        for g in range(8):
+            for c in range(4):
+                d = (out[g, 2 * c], out[g, 2 * c + 1], out[g + 8, 2 * c], out[g + 8, 2 * c + 1])
+                for i in range(4):
+                    token, row = 2 * c + (i & 1), n0 + g + 8 * (i >> 1)  # the kernel's store (th = 0)
+                    if token < M:
+                        y[token, row] = d[i]
+    return y
+
+
 def _words(packed_bytes: torch.Tensor) -> torch.Tensor:
     return packed_bytes.contiguous().view(torch.int32).long() & 0xFFFFFFFF
 
@@ -78,7 +116,15 @@ def test_expressions_are_the_kernels():
                  "((byte & 0x80u) << 24) | ((byte & 0x7Fu) << 20)", "f * 0x1p110f * 0x1p110f", "a.s2[0] * 0x1p26f",
                  "return ((w >> (4 * I)) & 0x000F000Fu) | 0x43004300u;", "(0x4300u | v) * 0x00010001u",
                  "even = permute(lo, hi, 0x5410u);", "odd = permute(lo, hi, 0x7632u);",
-                 "w_lane[j] = q + (size_t)(n0 + 8 * j + g) * (K / 2) + 16 * c;  // + 64 per tile"):
+                 "w_lane[j] = q + (size_t)(n0 + 8 * j + g) * (K / 2) + 16 * c;  // + 64 per tile",
+                 "const uint8_t* wg_lane = q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile",
+                 "const uint8_t* wh_lane = wg_lane + (size_t)8 * (K / 2);",
+                 "const int token = 8 * th + 2 * c + (i & 1), row = n0 + g + 8 * (i >> 1);",
+                 "bf16x2_mul(h ? fp4_pair<2>(vg) : fp4_pair<0>(vg), sg[t >> 1]),",
+                 "bf16x2_mul(h ? fp4_pair<3>(vh) : fp4_pair<1>(vh), sh[t >> 1])};",
+                 "a.scale + (size_t)row * (K / 16) + kt * 8 + 2 * c",
+                 "(static_cast<uint32_t>(a.zero[(size_t)(row / 8) * groups + kt]) >> (4 * (row % 8))) & 15u",
+                 "(part[th][0][i] + part[th][1][i]) * (i < 2 ? ag.scale : ah.scale)"):
         assert text in SOURCE, text
 
 
@@ -123,3 +169,40 @@ def test_int4_decode_and_k_order_are_exact(symmetric):
     y = _emulate(_words(p["qweight"]), b_pair, x, per_tile)
     ref = x.double() @ dequantize_int(p["qweight"], p["scale"], p.get("zero_point"), 4, 128, (N, K)).double().T
     assert groups == 2 and float((y - ref).norm() / ref.norm()) < 1e-12
+
+
+def test_nvfp4_16_row_kernel_is_exact():
+    g = torch.Generator().manual_seed(2)
+    q, s8, s2 = quantize_nvfp4(torch.randn(N, K, generator=g) * 0.05)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    scales = s8.view(torch.uint8).long()
+
+    def a_pair(w, i, row, kt, c, t):
+        s = _scale_value(scales[row, kt * 8 + 2 * c + (t >= 2)])  # sg[t >> 1]: the row's block 2c or 2c + 1
+        return [v * s for v in _halves(_fp4_pair(w, i))]
+
+    y = _emulate16(_words(q), a_pair, x) * float(s2) * 2.0**26
+    exact = E2M1_VALUES.double()[unpack_nibbles(q).long()] * s8.double().repeat_interleave(16, dim=1) * float(s2)
+    ref = x.double() @ exact.T
+    assert float((y - ref).norm() / ref.norm()) < 1e-12
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int4_16_row_kernel_is_exact(symmetric):
+    g = torch.Generator().manual_seed(3)
+    p = quantize_int(torch.randn(N, K, generator=g) * 0.05, 4, 128, symmetric, "w")
+    x = torch.randn(M, K, generator=g).bfloat16()
+    zero = _words(p["zero_point"]) if not symmetric else None
+
+    def a_pair(w, i, row, kt, c, t):
+        v = int((zero[row // 8, kt] >> (4 * (row % 8))) & 15) if zero is not None else 8
+        z = float(_bf16(torch.tensor(0x4300 | v)))
+        lo, hi = _halves(_int4_pair(w, i))
+        return lo - z, hi - z
+
+    def per_row_tile(part, n0, kt):  # d0, d1 scaled by row g's group scale, d2, d3 by row g + 8's
+        return part * p["scale"].double()[n0 : n0 + 16, kt, None]
+
+    y = _emulate16(_words(p["qweight"]), a_pair, x, per_row_tile)
+    ref = x.double() @ dequantize_int(p["qweight"], p["scale"], p.get("zero_point"), 4, 128, (N, K)).double().T
+    assert float((y - ref).norm() / ref.norm()) < 1e-12

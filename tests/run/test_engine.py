@@ -112,7 +112,7 @@ def test_follow_up_request_reuses_the_frontier(model):
 
 def test_mtp_speculative_engine_matches_plain_greedy(model):
     prompts = _prompts(3, seed=11)
-    engine = _engine(model, max_context=512, max_concurrency=3, prefill_chunk=9, draft_tokens=2)
+    engine = _engine(model, max_context=512, max_concurrency=3, prefill_chunk=9, draft_tokens=2, spec_max_batch=3)
     refs = [generate_greedy(model, torch.tensor(p), 12) for p in prompts]
     results = [engine.submit(Request(p, max_tokens=12)) for p in prompts[:2]]
     results.append(engine.submit(Request(prompts[2], max_tokens=12, stop_token_ids=(refs[2][5],))))
@@ -128,6 +128,37 @@ def test_mtp_speculative_engine_matches_plain_greedy(model):
     engine.run_until_done()
     assert again.cached_tokens > len(prompts[0]) and again.tokens == generate_greedy(model, torch.tensor(follow), 5)
     assert engine.mtp_pool.free_blocks == engine.mtp_pool.num_blocks  # the MTP head's KV is returned
+
+
+def test_speculation_pauses_beyond_spec_max_batch_and_the_head_catches_up(model, monkeypatch):
+    from ninfer_run.spec import MTPDrafter
+    from ninfer_run.state import SequenceState
+
+    seen: dict[int, tuple[list, list]] = {}  # per drafter: the hidden rows and tokens it observed, in order
+    observe = MTPDrafter.observe
+
+    def spy(self, hidden, next_tokens):
+        rows, tokens = seen.setdefault(id(self), ([], []))
+        rows.append(hidden.float().clone())
+        tokens += next_tokens.tolist()
+        return observe(self, hidden, next_tokens)
+
+    monkeypatch.setattr(MTPDrafter, "observe", spy)
+    prompts = _prompts(2, seed=13)
+    engine = _engine(model, max_context=512, max_concurrency=2, draft_tokens=2, spec_max_batch=1)
+    long = engine.submit(Request(prompts[0], max_tokens=16))
+    short = engine.submit(Request(prompts[1], max_tokens=4))
+    engine.run_until_done()
+    assert long.tokens == generate_greedy(model, torch.tensor(prompts[0]), 16) and len(short.tokens) == 4
+    assert short.drafted == 0 < long.drafted  # two decoding: both plain; then the long one speculates
+    # the long one's head saw every verified position once, in order, the paused ones included
+    rows, tokens = next(v for v in seen.values() if v[1][: len(prompts[0]) - 1] == prompts[0][1:])
+    sequence = prompts[0] + long.tokens
+    assert len(tokens) >= len(prompts[0]) - 1 + 4 and tokens == sequence[1 : len(tokens) + 1]
+    want, _ = model.forward(torch.tensor(sequence[: len(tokens)]), SequenceState())
+    got = torch.cat(rows)  # the engine's KV is INT8 (~1e-3 away); a row off by one position is ~1 away
+    assert float((got - want.float()).norm() / want.float().norm()) < 1e-2
+    assert engine.mtp_pool.free_blocks == engine.mtp_pool.num_blocks
 
 
 @pytest.mark.parametrize("model_id", ["tiny-qwen3.5", "tiny-qwen3"])
@@ -153,13 +184,13 @@ def test_decode_batch_equals_one_sequence_at_a_time(tiny_model, model_id):
 
 def test_engine_batched_decode_matches_sequential(model, monkeypatch):
     batch_sizes = []
-    decode_batch = model.decode_batch
+    decode_batch_rows = model.decode_batch_rows
 
     def spy(tokens, states):
         batch_sizes.append(len(states))
-        return decode_batch(tokens, states)
+        return decode_batch_rows(tokens, states)
 
-    monkeypatch.setattr(model, "decode_batch", spy)
+    monkeypatch.setattr(model, "decode_batch_rows", spy)
     prompts = _prompts(4, seed=9)
     outputs = {}
     for batched in (False, True):

@@ -155,13 +155,16 @@ def test_engine_with_static_decode_matches_eager(tiny_model):
                                                   cuda_graphs=graphs))
         results = [engine.submit(Request(p, max_tokens=12, stop_token_ids=(5,))) for p in prompts]
         engine.run_until_done()
-        spec = build_engine(model, EngineConfig(max_context=1024, block_size=16, max_concurrency=2, draft_tokens=3,
-                                                cuda_graphs=graphs))
-        drafted = [spec.submit(Request(p, max_tokens=10)) for p in prompts[:2]]  # speculative: verify steps
-        spec.run_until_done()
-        results += drafted
-        if graphs:
-            assert (2, 4) in spec.graphs.buckets  # both sequences verified their 3 drafts in one static forward
+        for spec_max_batch in (2, 1):  # 2: both speculate; 1: both decode plain, then the longer one speculates
+            spec = build_engine(model, EngineConfig(max_context=1024, block_size=16, max_concurrency=2, draft_tokens=3,
+                                                    cuda_graphs=graphs, spec_max_batch=spec_max_batch))
+            drafted = [spec.submit(Request(p, max_tokens=n)) for p, n in zip(prompts[:2], (10, 4))]
+            spec.run_until_done()
+            results += drafted
+            if graphs and spec_max_batch == 2:
+                assert (2, 4) in spec.graphs.buckets  # both sequences verified their 3 drafts in one static forward
+            if spec_max_batch == 1:
+                assert drafted[1].drafted == 0 < drafted[0].drafted
         again = engine.submit(Request(prompts[0] + results[0].tokens[:-1] + [11, 12], max_tokens=6))
         engine.run_until_done()  # a follow-up restores the frontier's GDN state into a slot
         outputs[graphs] = [(r.tokens, r.finish_reason) for r in results] + [(again.tokens, again.cached_tokens)]

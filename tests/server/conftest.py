@@ -75,12 +75,16 @@ class ScriptedModel:
             self._script(logits, row, start + first + row)
         return hidden, logits
 
-    def decode_batch(self, tokens, states):
+    def decode_batch_rows(self, tokens, states):
         starts = [state.length for state in states]
-        logits = self._model.decode_batch(tokens, states).clone()
+        hidden, logits = self._model.decode_batch_rows(tokens, states)
+        logits = logits.clone()
         for row, start in enumerate(starts):
             self._script(logits, row, start)
-        return logits
+        return hidden, logits
+
+    def decode_batch(self, tokens, states):
+        return self.decode_batch_rows(tokens, states)[1]
 
 
 def _app(path, model, api_key=None, vision=None, **config):

@@ -134,6 +134,36 @@ struct Nvfp4 {
       }
     }
   }
+  // Weights as A (rows g and g + 8 of a 16-row tile): the row's two block-scale bytes of the tile.
+  using RowAux = Aux;
+  __device__ static Aux load_row(const Args& a, int row, int K, int kt, int c) {
+    return {*reinterpret_cast<const uint16_t*>(a.scale + (size_t)row * (K / 16) + kt * 8 + 2 * c)};
+  }
+  // d[token half][chain]: A = rows g (a0, a2) and g + 8 (a1, a3), B = x of tokens g (and g + 8).
+  template <bool kHighTokens>
+  __device__ static void tile16(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const Aux& ag,
+                                const Aux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
+    const uint32_t sg[2] = {scale_pair(ag.scales & 0xFFu), scale_pair(ag.scales >> 8)};
+    const uint32_t sh[2] = {scale_pair(ah.scales & 0xFFu), scale_pair(ah.scales >> 8)};
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t vg = word(wg, t), vh = word(wh, t);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t a[4] = {bf16x2_mul(h ? fp4_pair<2>(vg) : fp4_pair<0>(vg), sg[t >> 1]),
+                               bf16x2_mul(h ? fp4_pair<2>(vh) : fp4_pair<0>(vh), sh[t >> 1]),
+                               bf16x2_mul(h ? fp4_pair<3>(vg) : fp4_pair<1>(vg), sg[t >> 1]),
+                               bf16x2_mul(h ? fp4_pair<3>(vh) : fp4_pair<1>(vh), sh[t >> 1])};
+        uint32_t b0, b1;
+        a_pair(b0, b1, xl[t], h);
+        mma_bf16(d[0][t & 1], a, b0, b1);
+        if (kHighTokens) {
+          a_pair(b0, b1, xh[t], h);
+          mma_bf16(d[1][t & 1], a, b0, b1);
+        }
+      }
+    }
+  }
   __device__ static float out_scale(const Args& a) { return a.s2[0] * 0x1p26f; }
 };
 
@@ -183,6 +213,44 @@ struct Int4 {
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) d[0][i] += (part[0][i] + part[1][i]) * ((i & 1) ? aux.s1 : aux.s0);
+  }
+  struct RowAux {
+    uint32_t zero;  // 128 + v of the row, both bf16 halves
+    float scale;    // the row's group scale
+  };
+  __device__ static RowAux load_row(const Args& a, int row, int K, int kt, int) {
+    const int groups = K / kTileK;
+    const uint32_t v = a.zero ? (static_cast<uint32_t>(a.zero[(size_t)(row / 8) * groups + kt]) >> (4 * (row % 8))) & 15u : 8u;
+    return {(0x4300u | v) * 0x00010001u, __bfloat162float(a.scale[(size_t)row * groups + kt])};
+  }
+  // A tile is one group: its MMAs sum x * (u - v) into fresh fragments, scaled per row (d0, d1: row g;
+  // d2, d3: row g + 8) into d[token half][0].
+  template <bool kHighTokens>
+  __device__ static void tile16(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
+                                const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
+    float part[2][2][4] = {};
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t vg = word(wg, t), vh = word(wh, t);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t a[4] = {bf16x2_sub(h ? int4_pair<2>(vg) : int4_pair<0>(vg), ag.zero),
+                               bf16x2_sub(h ? int4_pair<2>(vh) : int4_pair<0>(vh), ah.zero),
+                               bf16x2_sub(h ? int4_pair<3>(vg) : int4_pair<1>(vg), ag.zero),
+                               bf16x2_sub(h ? int4_pair<3>(vh) : int4_pair<1>(vh), ah.zero)};
+        uint32_t b0, b1;
+        a_pair(b0, b1, xl[t], h);
+        mma_bf16(part[0][t & 1], a, b0, b1);
+        if (kHighTokens) {
+          a_pair(b0, b1, xh[t], h);
+          mma_bf16(part[1][t & 1], a, b0, b1);
+        }
+      }
+    }
+#pragma unroll
+    for (int th = 0; th < (kHighTokens ? 2 : 1); ++th)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) d[th][0][i] += (part[th][0][i] + part[th][1][i]) * (i < 2 ? ag.scale : ah.scale);
   }
   __device__ static float out_scale(const Args&) { return 1.f; }
 };
@@ -280,6 +348,105 @@ int dispatch(const void* x, const void* q, const typename Codec::Args& args, voi
   return static_cast<int>(cudaGetLastError());
 }
 
+// Weights as MMA's A operand: a warp takes 16 output rows at once (lane 4g + c: rows g and g + 8, the
+// same 16 bytes = 32 K values per row and tile as above) for up to 8 tokens (B's columns; tokens 8..15
+// take a second MMA per A). Block = 16 rows, its kWarps warps split the K tiles (warp w: w, w + kWarps,
+// ...); each warp keeps kDepth tiles of weights and scales in flight in registers (a ring refilled as
+// it is consumed), so a warp has kDepth KB in flight instead of one tile. The warps' partial sums are
+// added in shared memory; each output is written once, in bf16.
+template <class Codec, bool kHighTokens, int kWarps, int kDepth>
+__global__ void __launch_bounds__(kWarps * 32) gemv16(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ q,
+                                                      const typename Codec::Args args, __nv_bfloat16* __restrict__ y,
+                                                      int M, int N, int K) {
+  using RowAux = typename Codec::RowAux;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int n0 = blockIdx.x * 16, tiles = K / kTileK;
+  const int steps = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;  // this warp's K tiles
+  const uint8_t* wg_lane = q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile
+  const uint8_t* wh_lane = wg_lane + (size_t)8 * (K / 2);
+  uint4 wg[kDepth], wh[kDepth];
+  RowAux ag[kDepth], ah[kDepth];
+#pragma unroll
+  for (int i = 0; i < kDepth; ++i) {
+    if (i < steps) {
+      const int kt = warp + i * kWarps;
+      wg[i] = load_stream(wg_lane + (size_t)kt * 64);
+      wh[i] = load_stream(wh_lane + (size_t)kt * 64);
+      ag[i] = Codec::load_row(args, n0 + g, K, kt, c);
+      ah[i] = Codec::load_row(args, n0 + g + 8, K, kt, c);
+    }
+  }
+  float d[2][2][4] = {};
+  for (int s = 0; s < steps; s += kDepth) {
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+      if (s + i < steps) {
+        const int kt = warp + (s + i) * kWarps;
+        const uint4 cg = wg[i], ch = wh[i];
+        const RowAux bg = ag[i], bh = ah[i];
+        if (s + i + kDepth < steps) {  // refill the slot with the tile kDepth steps ahead
+          const int next = kt + kDepth * kWarps;
+          wg[i] = load_stream(wg_lane + (size_t)next * 64);
+          wh[i] = load_stream(wh_lane + (size_t)next * 64);
+          ag[i] = Codec::load_row(args, n0 + g, K, next, c);
+          ah[i] = Codec::load_row(args, n0 + g + 8, K, next, c);
+        }
+        const int k0 = kt * kTileK + 32 * c;
+        uint4 xl[4], xh[4];
+        load_x(xl, x, g, M, K, k0);
+        if (kHighTokens) load_x(xh, x, g + 8, M, K, k0);
+        Codec::template tile16<kHighTokens>(d, cg, ch, bg, bh, xl, xh);
+      }
+    }
+  }
+  constexpr int kHalves = kHighTokens ? 2 : 1;
+  __shared__ float partial[kWarps][kHalves][4][32];
+#pragma unroll
+  for (int th = 0; th < kHalves; ++th)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp][th][i][lane] = d[th][0][i] + d[th][1][i];
+  __syncthreads();
+  if (warp != 0) return;
+  const float out_scale = Codec::out_scale(args);
+#pragma unroll
+  for (int th = 0; th < kHalves; ++th)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) v += partial[w][th][i][lane];
+      const int token = 8 * th + 2 * c + (i & 1), row = n0 + g + 8 * (i >> 1);  // the m16n8 accumulator layout
+      if (token < M) y[(size_t)token * N + row] = __float2bfloat16_rn(v * out_scale);
+    }
+}
+
+template <class Codec, int kWarps, int kDepth>
+void launch16(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
+              cudaStream_t stream) {
+  const dim3 grid(N / 16), block(kWarps * 32);
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* qb = static_cast<const uint8_t*>(q);
+  auto* yb = static_cast<__nv_bfloat16*>(y);
+  if (M > 8) gemv16<Codec, true, kWarps, kDepth><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
+  else gemv16<Codec, false, kWarps, kDepth><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
+}
+
+// (warps, depth) in {4, 8, 16} x {2, 4}; N % 16 == 0.
+template <class Codec>
+int dispatch16(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
+               int warps, int depth, cudaStream_t stream) {
+  switch (warps * 10 + depth) {
+    case 42: launch16<Codec, 4, 2>(x, q, args, y, M, N, K, stream); break;
+    case 44: launch16<Codec, 4, 4>(x, q, args, y, M, N, K, stream); break;
+    case 82: launch16<Codec, 8, 2>(x, q, args, y, M, N, K, stream); break;
+    case 84: launch16<Codec, 8, 4>(x, q, args, y, M, N, K, stream); break;
+    case 162: launch16<Codec, 16, 2>(x, q, args, y, M, N, K, stream); break;
+    case 164: launch16<Codec, 16, 4>(x, q, args, y, M, N, K, stream); break;
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
 }  // namespace ninfer_sm90
 
 // The launchers ops.cpp calls; each returns the launch's CUDA error code (cudaErrorInvalidValue for
@@ -294,4 +461,16 @@ int ninfer_int4_gemv_sm90(const void* x, const void* q, const void* scale, const
                           int K, int n_tiles, int warps, cudaStream_t stream) {
   const ninfer_sm90::Int4::Args args{static_cast<const __nv_bfloat16*>(scale), static_cast<const int32_t*>(zero)};
   return ninfer_sm90::dispatch<ninfer_sm90::Int4>(x, q, args, y, M, N, K, n_tiles, warps, stream);
+}
+
+int ninfer_nvfp4_gemv16_sm90(const void* x, const void* q, const void* scale, const float* s2, void* y, int M, int N,
+                             int K, int warps, int depth, cudaStream_t stream) {
+  const ninfer_sm90::Nvfp4::Args args{static_cast<const uint8_t*>(scale), s2};
+  return ninfer_sm90::dispatch16<ninfer_sm90::Nvfp4>(x, q, args, y, M, N, K, warps, depth, stream);
+}
+
+int ninfer_int4_gemv16_sm90(const void* x, const void* q, const void* scale, const void* zero, void* y, int M, int N,
+                            int K, int warps, int depth, cudaStream_t stream) {
+  const ninfer_sm90::Int4::Args args{static_cast<const __nv_bfloat16*>(scale), static_cast<const int32_t*>(zero)};
+  return ninfer_sm90::dispatch16<ninfer_sm90::Int4>(x, q, args, y, M, N, K, warps, depth, stream);
 }
