@@ -120,8 +120,9 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                 nv = _copies(lambda: _nvfp4_weight(n, k, device), nv_bytes)
                 i4 = _copies(lambda: _int4_weight(n, k, device), i4_bytes)
                 bf = _copies(lambda: torch.randn(k, n, device=device, dtype=torch.bfloat16), 2 * n * k)
-                row["nvfp4_triton_ms"] = _bench(_rotating(lambda w: nvfp4_linear.gemv(x, *w), nv))
-                row["int4_triton_ms"] = _bench(_rotating(lambda w: int_linear.gemv(x, w[0], w[1], None, 4, 128), i4))
+                if not cuda:
+                    row["nvfp4_triton_ms"] = _bench(_rotating(lambda w: nvfp4_linear.gemv(x, *w), nv))
+                    row["int4_triton_ms"] = _bench(_rotating(lambda w: int_linear.gemv(x, w[0], w[1], None, 4, 128), i4))
                 if cuda:  # weights as B (8 columns per n-tile), the default (tiles, warps)
                     row["nvfp4_cuda8_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv(x, *w), nv))
                     row["int4_cuda8_ms"] = _bench(_rotating(lambda w: cuda_ops.int4_gemv(x, w[0], w[1], None), i4))
@@ -130,6 +131,12 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                     row["nvfp4_cuda16_shapes_us"] = {
                         f"{w}x{d}": 1000 * _bench(_rotating(lambda q, s=(w, d): cuda_ops.nvfp4_gemv16(x, *q, shape=s), nv))
                         for w, d in sorted(cuda_ops.GEMV16_SHAPES) if w <= k // 128}
+                    tiled = [(*cuda_ops.tile16(q, s), s2) for q, s, s2 in nv]  # the same weights, tiled
+                    row["nvfp4_tiled16_shapes_us"] = {
+                        f"{w}x{d}": 1000 * _bench(_rotating(
+                            lambda q, s=(w, d): cuda_ops.nvfp4_gemv16(x, *q, shape=s, tiled_n=n), tiled))
+                        for w, d in sorted(cuda_ops.GEMV16_SHAPES) if w <= k // 128}
+                    del tiled
                     row["nvfp4_cuda16_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv16(x, *w), nv))
                     row["int4_cuda16_ms"] = _bench(_rotating(lambda w: cuda_ops.int4_gemv16(x, w[0], w[1], None), i4))
                 # the engine's path: the 16-row kernel, else the 8-column one, else Triton
@@ -277,6 +284,7 @@ def table(results: dict) -> str:
             others = " ".join(f"{kind} {r[f'nvfp4_{kind}_ms'] * 1000:.0f}" for kind in ("cuda8", "triton")
                               if f"nvfp4_{kind}_ms" in r)
             shapes = " ".join(f"{s}:{v:.0f}" for s, v in r.get("nvfp4_cuda16_shapes_us", {}).items())
+            shapes += " tiled " + " ".join(f"{s}:{v:.0f}" for s, v in r.get("nvfp4_tiled16_shapes_us", {}).items())
             lines.append(f"gemv {r['linear']:<16} M={r['M']:<2} nvfp4 {r['nvfp4_GB_s']:6.0f} GB/s "
                          f"({r['nvfp4_of_roofline']:.0%} roofline, {r['nvfp4_vs_peer']:.2f}x bf16, {r['nvfp4_kernel']}; "
                          f"{others} us; warps x depth {shapes} us, default {r.get('cuda16_default_shape')})  "

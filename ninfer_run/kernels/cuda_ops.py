@@ -117,13 +117,26 @@ def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int
     return y
 
 
-def nvfp4_gemv16(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None) -> torch.Tensor:
-    """nvfp4_gemv's result from the 16-row kernel (N % 16 == 0). `shape`: (warps, depth), see gemv16_shape."""
-    n, k = qweight.shape[0], x.shape[1]
+def tile16(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 codes u8 [N, K/2] and scales [N, K/16] -> the 16-row kernel's tiled layout: each (16 rows,
+    128 K) tile's 1 KB of codes and 128 B of scales contiguous, in the order its warp's lanes load them
+    (lane 4g + c: rows g then g + 8 of the codes, 16 B each; rows g and g + 8's two scale bytes)."""
+    n, t = qweight.shape[0], qweight.shape[1] // 64
+    codes = qweight.view(n // 16, 2, 8, t, 4, 16).permute(0, 3, 1, 2, 4, 5).contiguous().view(n // 16, t, 1024)
+    scales = block_scale.view(torch.uint8).view(n // 16, 2, 8, t, 4, 2).permute(0, 3, 2, 4, 1, 5).contiguous()
+    return codes, scales.view(n // 16, t, 128)
+
+
+def nvfp4_gemv16(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None,
+                 tiled_n: int | None = None) -> torch.Tensor:
+    """nvfp4_gemv's result from the 16-row kernel (N % 16 == 0). `shape`: (warps, depth), see gemv16_shape.
+    `tiled_n`: qweight, block_scale are tile16's layout of an N = tiled_n weight."""
+    n, k = tiled_n or qweight.shape[0], x.shape[1]
     warps, depth = shape or gemv16_shape(n, k, x.device)
     y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
     s2 = global_scale.reshape(1).to(device=x.device, dtype=torch.float32)
-    torch.ops.ninfer.nvfp4_gemv16(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, warps, depth)
+    torch.ops.ninfer.nvfp4_gemv16(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, warps, depth,
+                                  tiled_n is not None)
     return y
 
 

@@ -72,8 +72,10 @@ def test_cuda_gemv_matches_reference(m, n, kk):
     small = tiny.view(s8.dtype)
     assert rounded_once(cuda_ops.nvfp4_gemv(x, q, small, s2), k.reference(x, q, small, s2))
     if n % 16 == 0:  # the 16-row kernel, every (warps, depth), small scales too
+        tiled = cuda_ops.tile16(q, s8)
         for shape in sorted(cuda_ops.GEMV16_SHAPES):
             out = cuda_ops.nvfp4_gemv16(x, q, s8, s2, shape=shape)
             assert out.shape == (m, n) and out.dtype == torch.bfloat16
             assert rounded_once(out, ref), shape
+            assert torch.equal(cuda_ops.nvfp4_gemv16(x, *tiled, s2, shape=shape, tiled_n=n), out), shape
         assert rounded_once(cuda_ops.nvfp4_gemv16(x, q, small, s2), k.reference(x, q, small, s2))

@@ -86,7 +86,7 @@ def _emulate16(words: torch.Tensor, a_pair, x: torch.Tensor, per_row_tile=None) 
                     for g in range(8):
                         for c in range(4):
                             k0 = kt * 128 + 32 * c + 8 * t
-                            for r, row in ((0, g), (1, g + 8)):  # a0, a2: row g; a1, a3: row g + 8
+                            for row in (g, g + 8):  # a0, a2: row g; a1, a3: row g + 8
                                 w = words[n0 + row, kt * 16 + 4 * c + t]
                                 lo0, hi0 = a_pair(w, 2 * h, n0 + row, kt, c, t)
                                 lo2, hi2 = a_pair(w, 2 * h + 1, n0 + row, kt, c, t)
@@ -117,8 +117,8 @@ def test_expressions_are_the_kernels():
                  "return ((w >> (4 * I)) & 0x000F000Fu) | 0x43004300u;", "(0x4300u | v) * 0x00010001u",
                  "even = permute(lo, hi, 0x5410u);", "odd = permute(lo, hi, 0x7632u);",
                  "w_lane[j] = q + (size_t)(n0 + 8 * j + g) * (K / 2) + 16 * c;  // + 64 per tile",
-                 "const uint8_t* wg_lane = q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile",
-                 "const uint8_t* wh_lane = wg_lane + (size_t)8 * (K / 2);",
+                 ": q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile",
+                 "const uint8_t* wh_lane = kTiled ? wg_lane + 512 : wg_lane + (size_t)8 * (K / 2);",
                  "const int token = 8 * th + 2 * c + (i & 1), row = n0 + g + 8 * (i >> 1);",
                  "bf16x2_mul(h ? fp4_pair<2>(vg) : fp4_pair<0>(vg), sg[t >> 1]),",
                  "bf16x2_mul(h ? fp4_pair<3>(vh) : fp4_pair<1>(vh), sh[t >> 1])};",
@@ -206,3 +206,31 @@ def test_int4_16_row_kernel_is_exact(symmetric):
     y = _emulate16(_words(p["qweight"]), a_pair, x, per_row_tile)
     ref = x.double() @ dequantize_int(p["qweight"], p["scale"], p.get("zero_point"), 4, 128, (N, K)).double().T
     assert float((y - ref).norm() / ref.norm()) < 1e-12
+
+
+def test_tile16_layout_is_what_the_tiled_kernel_loads():
+    """cuda_ops.tile16 (a torch permutation, also on the CPU) puts at the tiled kernel's addresses the
+    bytes its row-major addressing reads: tile (rt, kt) at 1024 (rt T + kt), lane L = 4g + c's codes at
+    16 L (row g) and 512 + 16 L (row g + 8); its scales at 128 (rt T + kt) + 4 L (row g's two, row g + 8's)."""
+    from ninfer_run.kernels.cuda_ops import tile16
+
+    for text in ("q + (size_t)blockIdx.x * tiles * 1024 + 16 * lane", "constexpr int kStride = kTiled ? 1024 : 64;",
+                 "args.scale + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 128 +", "4 * (4 * g + c)",
+                 "ag = {both & 0xFFFFu};", "ah = {both >> 16};"):
+        assert text in SOURCE, text
+    n, k = 48, 384
+    g = torch.Generator().manual_seed(4)
+    q, s8, _ = quantize_nvfp4(torch.randn(n, k, generator=g))
+    codes, scales = tile16(q, s8)
+    codes, scales, sb, t = codes.flatten(), scales.flatten(), s8.view(torch.uint8), k // 128
+    for rt in range(n // 16):
+        for kt in range(t):
+            for lane in range(32):
+                gg, c = lane // 4, lane % 4
+                base = 1024 * (rt * t + kt)
+                for half, offset in ((0, 16 * lane), (1, 512 + 16 * lane)):
+                    row = 16 * rt + gg + 8 * half
+                    assert torch.equal(codes[base + offset : base + offset + 16], q[row, 64 * kt + 16 * c : 64 * kt + 16 * c + 16])
+                got = scales[128 * (rt * t + kt) + 4 * lane : 128 * (rt * t + kt) + 4 * lane + 4]
+                want = torch.cat([sb[16 * rt + gg + 8 * h, 8 * kt + 2 * c : 8 * kt + 2 * c + 2] for h in (0, 1)])
+                assert torch.equal(got, want)

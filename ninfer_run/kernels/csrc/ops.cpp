@@ -12,7 +12,7 @@ int ninfer_nvfp4_gemv_sm90(const void* x, const void* q, const void* scale, cons
 int ninfer_int4_gemv_sm90(const void* x, const void* q, const void* scale, const void* zero, void* y, int M, int N,
                           int K, int n_tiles, int warps, cudaStream_t stream);
 int ninfer_nvfp4_gemv16_sm90(const void* x, const void* q, const void* scale, const float* s2, void* y, int M, int N,
-                             int K, int warps, int depth, cudaStream_t stream);
+                             int K, int warps, int depth, bool tiled, cudaStream_t stream);
 int ninfer_int4_gemv16_sm90(const void* x, const void* q, const void* scale, const void* zero, void* y, int M, int N,
                             int K, int warps, int depth, cudaStream_t stream);
 
@@ -85,16 +85,23 @@ void int4_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale
                n_tiles, warps);
 }
 
+// tiled: q and scale in tile16's layout (u8 [N/16, K/128, 1024] and [N/16, K/128, 128]), N = y's columns
 void nvfp4_gemv16(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, const at::Tensor& s2,
-                  at::Tensor& y, int64_t warps, int64_t depth) {
-  const int64_t N = q.size(0);
+                  at::Tensor& y, int64_t warps, int64_t depth, bool tiled) {
+  const int64_t N = y.size(1);
   const auto [M, K] = check_rows("nvfp4_gemv16", x, y, N, 16);
-  check_nvfp4(q, scale, s2, N, K);
+  if (tiled) {
+    TORCH_CHECK(q.scalar_type() == at::kByte && q.is_contiguous() && q.numel() == N * K / 2, "q: tiled u8, N * K / 2 bytes");
+    TORCH_CHECK(scale.element_size() == 1 && scale.is_contiguous() && scale.numel() == N * K / 16, "scale: tiled e4m3");
+    TORCH_CHECK(s2.scalar_type() == at::kFloat && s2.numel() == 1 && s2.is_cuda(), "s2: one float32 on CUDA");
+  } else {
+    check_nvfp4(q, scale, s2, N, K);
+  }
   check_aligned("nvfp4_gemv16", {&x, &q, &scale, &y});
   const c10::cuda::CUDAGuard guard(x.device());
   check_launch("nvfp4_gemv16",
                ninfer_nvfp4_gemv16_sm90(x.data_ptr(), q.data_ptr(), scale.data_ptr(), s2.data_ptr<float>(),
-                                        y.data_ptr(), M, N, K, warps, depth, c10::cuda::getCurrentCUDAStream()),
+                                        y.data_ptr(), M, N, K, warps, depth, tiled, c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
@@ -117,7 +124,7 @@ void int4_gemv16(const at::Tensor& x, const at::Tensor& q, const at::Tensor& sca
 TORCH_LIBRARY(ninfer, m) {
   m.def("nvfp4_gemv(Tensor x, Tensor q, Tensor scale, Tensor s2, Tensor(a!) y, int n_tiles, int warps) -> ()");
   m.def("int4_gemv(Tensor x, Tensor q, Tensor scale, Tensor? zero, Tensor(a!) y, int n_tiles, int warps) -> ()");
-  m.def("nvfp4_gemv16(Tensor x, Tensor q, Tensor scale, Tensor s2, Tensor(a!) y, int warps, int depth) -> ()");
+  m.def("nvfp4_gemv16(Tensor x, Tensor q, Tensor scale, Tensor s2, Tensor(a!) y, int warps, int depth, bool tiled) -> ()");
   m.def("int4_gemv16(Tensor x, Tensor q, Tensor scale, Tensor? zero, Tensor(a!) y, int warps, int depth) -> ()");
 }
 

@@ -348,13 +348,29 @@ int dispatch(const void* x, const void* q, const typename Codec::Args& args, voi
   return static_cast<int>(cudaGetLastError());
 }
 
+// Rows g and g + 8's scales of K tile kt. Tiled NVFP4 scales: each (16 rows, 128 K) tile's 128 bytes in
+// lane order, lane 4g + c's four = row g's blocks 2c, 2c + 1, then row g + 8's.
+template <class Codec, bool kTiled>
+__device__ __forceinline__ void load_rows(typename Codec::RowAux& ag, typename Codec::RowAux& ah,
+                                          const typename Codec::Args& args, int n0, int K, int kt, int g, int c) {
+  if constexpr (kTiled) {
+    const uint32_t both = *reinterpret_cast<const uint32_t*>(args.scale + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 128 +
+                                                             4 * (4 * g + c));
+    ag = {both & 0xFFFFu};
+    ah = {both >> 16};
+  } else {
+    ag = Codec::load_row(args, n0 + g, K, kt, c);
+    ah = Codec::load_row(args, n0 + g + 8, K, kt, c);
+  }
+}
+
 // Weights as MMA's A operand: a warp takes 16 output rows at once (lane 4g + c: rows g and g + 8, the
 // same 16 bytes = 32 K values per row and tile as above) for up to 8 tokens (B's columns; tokens 8..15
 // take a second MMA per A). Block = 16 rows, its kWarps warps split the K tiles (warp w: w, w + kWarps,
 // ...); each warp keeps kDepth tiles of weights and scales in flight in registers (a ring refilled as
 // it is consumed), so a warp has kDepth KB in flight instead of one tile. The warps' partial sums are
 // added in shared memory; each output is written once, in bf16.
-template <class Codec, bool kHighTokens, int kWarps, int kDepth>
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled>
 __global__ void __launch_bounds__(kWarps * 32) gemv16(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ q,
                                                       const typename Codec::Args args, __nv_bfloat16* __restrict__ y,
                                                       int M, int N, int K) {
@@ -362,18 +378,20 @@ __global__ void __launch_bounds__(kWarps * 32) gemv16(const __nv_bfloat16* __res
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int n0 = blockIdx.x * 16, tiles = K / kTileK;
   const int steps = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;  // this warp's K tiles
-  const uint8_t* wg_lane = q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile
-  const uint8_t* wh_lane = wg_lane + (size_t)8 * (K / 2);
+  // row-major: + 64 bytes per K tile; tiled (see tile16): each (16 rows, 128 K) tile is 1 KB, lane order
+  const uint8_t* wg_lane = kTiled ? q + (size_t)blockIdx.x * tiles * 1024 + 16 * lane
+                                  : q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile
+  const uint8_t* wh_lane = kTiled ? wg_lane + 512 : wg_lane + (size_t)8 * (K / 2);
+  constexpr int kStride = kTiled ? 1024 : 64;
   uint4 wg[kDepth], wh[kDepth];
   RowAux ag[kDepth], ah[kDepth];
 #pragma unroll
   for (int i = 0; i < kDepth; ++i) {
     if (i < steps) {
       const int kt = warp + i * kWarps;
-      wg[i] = load_stream(wg_lane + (size_t)kt * 64);
-      wh[i] = load_stream(wh_lane + (size_t)kt * 64);
-      ag[i] = Codec::load_row(args, n0 + g, K, kt, c);
-      ah[i] = Codec::load_row(args, n0 + g + 8, K, kt, c);
+      wg[i] = load_stream(wg_lane + (size_t)kt * kStride);
+      wh[i] = load_stream(wh_lane + (size_t)kt * kStride);
+      load_rows<Codec, kTiled>(ag[i], ah[i], args, n0, K, kt, g, c);
     }
   }
   float d[2][2][4] = {};
@@ -386,10 +404,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv16(const __nv_bfloat16* __res
         const RowAux bg = ag[i], bh = ah[i];
         if (s + i + kDepth < steps) {  // refill the slot with the tile kDepth steps ahead
           const int next = kt + kDepth * kWarps;
-          wg[i] = load_stream(wg_lane + (size_t)next * 64);
-          wh[i] = load_stream(wh_lane + (size_t)next * 64);
-          ag[i] = Codec::load_row(args, n0 + g, K, next, c);
-          ah[i] = Codec::load_row(args, n0 + g + 8, K, next, c);
+          wg[i] = load_stream(wg_lane + (size_t)next * kStride);
+          wh[i] = load_stream(wh_lane + (size_t)next * kStride);
+          load_rows<Codec, kTiled>(ag[i], ah[i], args, n0, K, next, g, c);
         }
         const int k0 = kt * kTileK + 32 * c;
         uint4 xl[4], xh[4];
@@ -420,28 +437,28 @@ __global__ void __launch_bounds__(kWarps * 32) gemv16(const __nv_bfloat16* __res
     }
 }
 
-template <class Codec, int kWarps, int kDepth>
+template <class Codec, int kWarps, int kDepth, bool kTiled>
 void launch16(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
               cudaStream_t stream) {
   const dim3 grid(N / 16), block(kWarps * 32);
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* qb = static_cast<const uint8_t*>(q);
   auto* yb = static_cast<__nv_bfloat16*>(y);
-  if (M > 8) gemv16<Codec, true, kWarps, kDepth><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
-  else gemv16<Codec, false, kWarps, kDepth><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
+  if (M > 8) gemv16<Codec, true, kWarps, kDepth, kTiled><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
+  else gemv16<Codec, false, kWarps, kDepth, kTiled><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
 }
 
 // (warps, depth) in {4, 8, 16} x {2, 4}; N % 16 == 0.
-template <class Codec>
+template <class Codec, bool kTiled>
 int dispatch16(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
                int warps, int depth, cudaStream_t stream) {
   switch (warps * 10 + depth) {
-    case 42: launch16<Codec, 4, 2>(x, q, args, y, M, N, K, stream); break;
-    case 44: launch16<Codec, 4, 4>(x, q, args, y, M, N, K, stream); break;
-    case 82: launch16<Codec, 8, 2>(x, q, args, y, M, N, K, stream); break;
-    case 84: launch16<Codec, 8, 4>(x, q, args, y, M, N, K, stream); break;
-    case 162: launch16<Codec, 16, 2>(x, q, args, y, M, N, K, stream); break;
-    case 164: launch16<Codec, 16, 4>(x, q, args, y, M, N, K, stream); break;
+    case 42: launch16<Codec, 4, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 44: launch16<Codec, 4, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 82: launch16<Codec, 8, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 84: launch16<Codec, 8, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 162: launch16<Codec, 16, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 164: launch16<Codec, 16, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
   return static_cast<int>(cudaGetLastError());
@@ -464,13 +481,14 @@ int ninfer_int4_gemv_sm90(const void* x, const void* q, const void* scale, const
 }
 
 int ninfer_nvfp4_gemv16_sm90(const void* x, const void* q, const void* scale, const float* s2, void* y, int M, int N,
-                             int K, int warps, int depth, cudaStream_t stream) {
+                             int K, int warps, int depth, bool tiled, cudaStream_t stream) {
   const ninfer_sm90::Nvfp4::Args args{static_cast<const uint8_t*>(scale), s2};
-  return ninfer_sm90::dispatch16<ninfer_sm90::Nvfp4>(x, q, args, y, M, N, K, warps, depth, stream);
+  return tiled ? ninfer_sm90::dispatch16<ninfer_sm90::Nvfp4, true>(x, q, args, y, M, N, K, warps, depth, stream)
+               : ninfer_sm90::dispatch16<ninfer_sm90::Nvfp4, false>(x, q, args, y, M, N, K, warps, depth, stream);
 }
 
 int ninfer_int4_gemv16_sm90(const void* x, const void* q, const void* scale, const void* zero, void* y, int M, int N,
                             int K, int warps, int depth, cudaStream_t stream) {
   const ninfer_sm90::Int4::Args args{static_cast<const __nv_bfloat16*>(scale), static_cast<const int32_t*>(zero)};
-  return ninfer_sm90::dispatch16<ninfer_sm90::Int4>(x, q, args, y, M, N, K, warps, depth, stream);
+  return ninfer_sm90::dispatch16<ninfer_sm90::Int4, false>(x, q, args, y, M, N, K, warps, depth, stream);
 }
