@@ -117,6 +117,11 @@ def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int
     return y
 
 
+def tiles16(n: int, k: int) -> bool:
+    """Whether an N x K NVFP4 weight takes the tiled 16-row GEMV here (decode rows must also fit, gemv_fits)."""
+    return n % 16 == 0 and k % TILE_K == 0 and available()
+
+
 def tile16(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4 codes u8 [N, K/2] and scales [N, K/16] -> the 16-row kernel's tiled layout: each (16 rows,
     128 K) tile's 1 KB of codes and 128 B of scales contiguous, in the order its warp's lanes load them

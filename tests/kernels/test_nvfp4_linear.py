@@ -79,3 +79,15 @@ def test_cuda_gemv_matches_reference(m, n, kk):
             assert rounded_once(out, ref), shape
             assert torch.equal(cuda_ops.nvfp4_gemv16(x, *tiled, s2, shape=shape, tiled_n=n), out), shape
         assert rounded_once(cuda_ops.nvfp4_gemv16(x, q, small, s2), k.reference(x, q, small, s2))
+
+
+@pytest.mark.parametrize("n,kk", [(32, 256), (48, 384)] if DEVICE == "cpu" else [(17408, 5120), (1024, 2048)])
+def test_dequantize_of_the_tiled_layout_equals_the_row_major_one(n, kk):
+    from ninfer_run.kernels.cuda_ops import tile16
+
+    q, s8, s2 = _weight(n, kk, n + 1)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    want = k.dequantize(q, s8, s2, dtype=dtype)
+    codes, scales = tile16(q, s8)
+    out = torch.full((n, kk), float("nan"), dtype=dtype, device=DEVICE)
+    assert torch.equal(k.dequantize(codes, scales, s2, out=out, tiled_shape=(n, kk)), want)
