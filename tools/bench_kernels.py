@@ -103,16 +103,12 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
         for m in ((1, 4, 8, 16) if time_it else (1, 16)):
             x = torch.randn(m, k, device=device).to(dtype)
             cuda = cuda_ops.gemv_fits(x, n)
-            rows16 = cuda and n % 16 == 0  # the engine's kernel: 16 rows per warp where N allows
             checks = {"nvfp4": _rel(nvfp4_linear.gemv(x, q, s8, s2), nvfp4_linear.reference(x, q, s8, s2)),
                       "int4": _rel(int_linear.gemv(x, qi, si, None, 4, 128), int_linear.reference(x, qi, si, None, 4, 128))}
             if cuda:
-                checks["nvfp4_cuda"] = _rel(cuda_ops.nvfp4_gemv(x, q, s8, s2), nvfp4_linear.reference(x, q, s8, s2))
+                checks["nvfp4_cuda"] = _rel(cuda_ops.nvfp4_gemv(x, *cuda_ops.tile_nvfp4(q, s8), s2, tiled_n=n),
+                                            nvfp4_linear.reference(x, q, s8, s2))
                 checks["int4_cuda"] = _rel(cuda_ops.int4_gemv(x, qi, si, None), int_linear.reference(x, qi, si, None, 4, 128))
-            if rows16:
-                checks["nvfp4_cuda16"] = _rel(cuda_ops.nvfp4_gemv16(x, q, s8, s2), nvfp4_linear.reference(x, q, s8, s2))
-                checks["int4_cuda16"] = _rel(cuda_ops.int4_gemv16(x, qi, si, None),
-                                             int_linear.reference(x, qi, si, None, 4, 128))
             row = {"linear": name, "N": n, "K": k, "M": m, "rel_err": checks}
             if time_it:
                 nv_bytes = n * k // 2 + n * k // 16
@@ -120,29 +116,21 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                 nv = _copies(lambda: _nvfp4_weight(n, k, device), nv_bytes)
                 i4 = _copies(lambda: _int4_weight(n, k, device), i4_bytes)
                 bf = _copies(lambda: torch.randn(k, n, device=device, dtype=torch.bfloat16), 2 * n * k)
-                if not cuda:
-                    row["nvfp4_triton_ms"] = _bench(_rotating(lambda w: nvfp4_linear.gemv(x, *w), nv))
-                    row["int4_triton_ms"] = _bench(_rotating(lambda w: int_linear.gemv(x, w[0], w[1], None, 4, 128), i4))
-                if cuda:  # weights as B (8 columns per n-tile), the default (tiles, warps)
-                    row["nvfp4_cuda8_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv(x, *w), nv))
-                    row["int4_cuda8_ms"] = _bench(_rotating(lambda w: cuda_ops.int4_gemv(x, w[0], w[1], None), i4))
-                if rows16:  # each (warps, depth) of the 16-row kernel; the default picks one by N and K
-                    row["cuda16_default_shape"] = "x".join(map(str, cuda_ops.gemv16_shape(n, k, x.device)))
-                    row["nvfp4_cuda16_shapes_us"] = {
-                        f"{w}x{d}": 1000 * _bench(_rotating(lambda q, s=(w, d): cuda_ops.nvfp4_gemv16(x, *q, shape=s), nv))
-                        for w, d in sorted(cuda_ops.GEMV16_SHAPES) if w <= k // 128}
-                    tiled = [(*cuda_ops.tile16(q, s), s2) for q, s, s2 in nv]  # the same weights, tiled
-                    row["nvfp4_tiled16_shapes_us"] = {
+                if cuda:  # the engine's: NVFP4 in the tiled layout (loader), each (warps, depth) and the default
+                    tiled = [(*cuda_ops.tile_nvfp4(q, s), s2) for q, s, s2 in nv]
+                    row["default_shape"] = "x".join(map(str, cuda_ops.gemv_shape(n, k, x.device)))
+                    row["nvfp4_shapes_us"] = {
                         f"{w}x{d}": 1000 * _bench(_rotating(
-                            lambda q, s=(w, d): cuda_ops.nvfp4_gemv16(x, *q, shape=s, tiled_n=n), tiled))
-                        for w, d in sorted(cuda_ops.GEMV16_SHAPES) if w <= k // 128}
+                            lambda q, s=(w, d): cuda_ops.nvfp4_gemv(x, *q, shape=s, tiled_n=n), tiled))
+                        for w, d in sorted(cuda_ops.GEMV_SHAPES) if w <= k // 128}
+                    row["nvfp4_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv(x, *w, tiled_n=n), tiled))
+                    row["nvfp4_row_major_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv(x, *w), nv))
+                    row["int4_ms"] = _bench(_rotating(lambda w: cuda_ops.int4_gemv(x, w[0], w[1], None), i4))
                     del tiled
-                    row["nvfp4_cuda16_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv16(x, *w), nv))
-                    row["int4_cuda16_ms"] = _bench(_rotating(lambda w: cuda_ops.int4_gemv16(x, w[0], w[1], None), i4))
-                # the engine's path: the 16-row kernel, else the 8-column one, else Triton
-                kernel = "cuda16" if rows16 else "cuda8" if cuda else "triton"
-                row["nvfp4_kernel"] = kernel
-                row["nvfp4_ms"], row["int4_ms"] = row[f"nvfp4_{kernel}_ms"], row[f"int4_{kernel}_ms"]
+                else:
+                    row["nvfp4_ms"] = _bench(_rotating(lambda w: nvfp4_linear.gemv(x, *w), nv))
+                    row["int4_ms"] = _bench(_rotating(lambda w: int_linear.gemv(x, w[0], w[1], None, 4, 128), i4))
+                row["nvfp4_kernel"] = "cuda" if cuda else "triton"
                 row["bf16_peer_ms"] = _bench(_rotating(lambda w: x @ w, bf))
                 row["nvfp4_GB_s"] = nv_bytes / row["nvfp4_ms"] / 1e6
                 row["int4_GB_s"] = i4_bytes / row["int4_ms"] / 1e6
@@ -281,15 +269,12 @@ def table(results: dict) -> str:
         lines.append(f"ceilings: copy {c['copy_GB_s']:.0f} GB/s, bf16 matmul {c['bf16_TFLOP_s']:.0f} TFLOP/s")
     for r in results["decode_gemv"]:
         if "nvfp4_ms" in r:
-            others = " ".join(f"{kind} {r[f'nvfp4_{kind}_ms'] * 1000:.0f}" for kind in ("cuda8", "triton")
-                              if f"nvfp4_{kind}_ms" in r)
-            shapes = " ".join(f"{s}:{v:.0f}" for s, v in r.get("nvfp4_cuda16_shapes_us", {}).items())
-            shapes += " tiled " + " ".join(f"{s}:{v:.0f}" for s, v in r.get("nvfp4_tiled16_shapes_us", {}).items())
+            shapes = " ".join(f"{s}:{v:.0f}" for s, v in r.get("nvfp4_shapes_us", {}).items())
+            row_major = f"row-major {r['nvfp4_row_major_ms'] * 1000:.0f} us; " if "nvfp4_row_major_ms" in r else ""
             lines.append(f"gemv {r['linear']:<16} M={r['M']:<2} nvfp4 {r['nvfp4_GB_s']:6.0f} GB/s "
                          f"({r['nvfp4_of_roofline']:.0%} roofline, {r['nvfp4_vs_peer']:.2f}x bf16, {r['nvfp4_kernel']}; "
-                         f"{others} us; warps x depth {shapes} us, default {r.get('cuda16_default_shape')})  "
-                         f"int4 {r['int4_GB_s']:6.0f} GB/s ({r['int4_vs_peer']:.2f}x bf16; cuda8 "
-                         f"{r.get('int4_cuda8_ms', float('nan')) * 1000:.0f} us)")
+                         f"{row_major}warps x depth {shapes} us, default {r.get('default_shape')})  "
+                         f"int4 {r['int4_GB_s']:6.0f} GB/s ({r['int4_vs_peer']:.2f}x bf16)")
         else:
             lines.append(f"gemv {r['linear']} M={r['M']} rel err {r['rel_err']}")
     for r in results.get("prefill", []):

@@ -5,12 +5,11 @@ versions (NINFER_CACHE, else ~/.cache/ninfer), so a machine compiles once. CPU i
 the sm_90a code cannot run on never build it; a failed build (no nvcc, say) warns once and the
 callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off.
 
-  nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16) -> bf16: csrc/quant_gemv_sm90.cu;
-               its reference is nvfp4_linear.reference.
-  int4_gemv    the same for int4 group-128 weights (symmetric or with zero points); its reference is
-               int_linear.reference.
-  *_gemv16     the same sums with the weights as the MMA's A operand (16 rows per warp, a ring of
-               weight tiles in flight per warp); N % 16 == 0.
+  nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16) -> bf16: csrc/quant_gemv_sm90.cu; reads
+               the row-major codes or (the engine's) tile_nvfp4's layout; its reference is
+               nvfp4_linear.reference.
+  int4_gemv    the same for int4 group-128 weights (symmetric or with zero points), row-major; its
+               reference is int_linear.reference.
 """
 
 from __future__ import annotations
@@ -26,10 +25,8 @@ import torch
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("ops.cpp", "quant_gemv_sm90.cu")
 CUDA_FLAGS = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo"]
-TILE_K = 128  # K per warp tile of nvfp4_gemv
-GEMV_SHAPES = {(1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4), (4, 8)}  # (n-tiles per warp, warps per block)
-GEMV16_SHAPES = {(w, d) for w in (4, 8, 16) for d in (2, 4)}  # (warps per block, tiles in flight per warp)
-
+TILE_K = 128  # K per warp tile of the GEMVs
+GEMV_SHAPES = {(w, d) for w in (4, 8, 16) for d in (2, 4)}  # (warps per block, tiles in flight per warp)
 
 def _build_dir() -> Path:
     digest = hashlib.sha256()
@@ -61,9 +58,9 @@ def available() -> bool:
 
 
 def gemv_fits(x: torch.Tensor, n: int) -> bool:
-    """Whether the CUDA GEMVs take these rows: bf16, 1..16 of them, K % 128 == 0, N % 8 == 0."""
+    """Whether the CUDA GEMVs take these rows: bf16, 1..16 of them, K % 128 == 0, N % 16 == 0."""
     m, k = x.shape
-    return x.dtype == torch.bfloat16 and 1 <= m <= 16 and k % TILE_K == 0 and n % 8 == 0 and available()
+    return x.dtype == torch.bfloat16 and 1 <= m <= 16 and k % TILE_K == 0 and n % 16 == 0 and available()
 
 
 def int4_gemv_fits(x: torch.Tensor, n: int, bits: int, group: int, scale: torch.Tensor) -> bool:
@@ -71,59 +68,25 @@ def int4_gemv_fits(x: torch.Tensor, n: int, bits: int, group: int, scale: torch.
     return bits == 4 and group == TILE_K and scale.dtype == torch.bfloat16 and gemv_fits(x, n)
 
 
-def gemv16_shape(n: int, k: int, device: torch.device) -> tuple[int, int]:
-    """(warps per block, tiles in flight per warp) of the *_gemv16 kernels: one block per 16 rows, as
-    many warps splitting K (4, 8 or 16, at most one per K tile) as it takes for ~24 warps of work per
-    multiprocessor; four tiles in flight per warp."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    warps = 4
-    while warps < 16 and (n // 16) * warps < 24 * sms and warps * 2 <= k // TILE_K:
-        warps *= 2
-    return warps, 4
-
-
 def gemv_shape(n: int, k: int, device: torch.device) -> tuple[int, int]:
-    """(8-column tiles per warp, warps per block) of nvfp4_gemv. More tiles share each x fragment and
-    keep more weight bytes in flight while N / (8 * tiles) blocks still cover every multiprocessor
-    twice; the block's warps split K, as many (up to 16, at least one K tile each) as it takes for
-    about 32 warps per multiprocessor."""
+    """(warps per block, tiles in flight per warp): one block per 16 rows; 8 warps split K, 16 where
+    the blocks are too few to fill the GPU twice (K/V projections), at most one per K tile; two tiles
+    in flight. The fastest (or within 10% of it) on qwen3.8-27b's shapes on the H200
+    (tools/results/bench_gemv_h200.log)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    tiles = next(t for t in (4, 2, 1) if t == 1 or (n % (8 * t) == 0 and n // (8 * t) >= 2 * sms))
-    blocks = n // (8 * tiles)
-    warps = 4
-    while (tiles, warps * 2) in GEMV_SHAPES and blocks * warps < 32 * sms and warps * 2 <= k // TILE_K:
-        warps *= 2
-    return tiles, warps
+    warps = 16 if n // 16 < 2 * sms else 8
+    while warps > 4 and warps > k // TILE_K:
+        warps //= 2
+    return warps, 2
 
 
-def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None) -> torch.Tensor:
-    """x [M <= 16, K] bf16 -> y [M, N] bf16: nvfp4_linear.reference's float32 sums, rounded once.
-    `shape`: (tiles, warps), see gemv_shape."""
-    n, k = qweight.shape[0], x.shape[1]
-    tiles, warps = shape or gemv_shape(n, k, x.device)
-    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
-    s2 = global_scale.reshape(1).to(device=x.device, dtype=torch.float32)
-    torch.ops.ninfer.nvfp4_gemv(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, tiles, warps)
-    return y
-
-
-def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int] | None = None) -> torch.Tensor:
-    """x [M <= 16, K] bf16 -> y [M, N] bf16: int_linear.reference's (4 bits, group 128) float32 sums,
-    rounded once. `shape`: (tiles, warps), see gemv_shape."""
-    n, k = qweight.shape[0], x.shape[1]
-    tiles, warps = shape or gemv_shape(n, k, x.device)
-    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
-    torch.ops.ninfer.int4_gemv(x.contiguous(), qweight, scale, zero_point, y, tiles, warps)
-    return y
-
-
-def tiles16(n: int, k: int) -> bool:
-    """Whether an N x K NVFP4 weight takes the tiled 16-row GEMV here (decode rows must also fit, gemv_fits)."""
+def tiles_nvfp4(n: int, k: int) -> bool:
+    """Whether an N x K NVFP4 weight is kept in tile_nvfp4's layout here (the CUDA GEMV runs on this GPU)."""
     return n % 16 == 0 and k % TILE_K == 0 and available()
 
 
-def tile16(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """NVFP4 codes u8 [N, K/2] and scales [N, K/16] -> the 16-row kernel's tiled layout: each (16 rows,
+def tile_nvfp4(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 codes u8 [N, K/2] and scales [N, K/16] -> the GEMV's tiled layout: each (16 rows,
     128 K) tile's 1 KB of codes and 128 B of scales contiguous, in the order its warp's lanes load them
     (lane 4g + c: rows g then g + 8 of the codes, 16 B each; rows g and g + 8's two scale bytes)."""
     n, t = qweight.shape[0], qweight.shape[1] // 64
@@ -132,23 +95,25 @@ def tile16(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.Tens
     return codes, scales.view(n // 16, t, 128)
 
 
-def nvfp4_gemv16(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None,
-                 tiled_n: int | None = None) -> torch.Tensor:
-    """nvfp4_gemv's result from the 16-row kernel (N % 16 == 0). `shape`: (warps, depth), see gemv16_shape.
-    `tiled_n`: qweight, block_scale are tile16's layout of an N = tiled_n weight."""
+def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None,
+               tiled_n: int | None = None) -> torch.Tensor:
+    """x [M <= 16, K] bf16 -> y [M, N] bf16: nvfp4_linear.reference's float32 sums, rounded once.
+    `shape`: (warps, depth), see gemv_shape. `tiled_n`: qweight, block_scale are tile_nvfp4's layout of
+    an N = tiled_n weight."""
     n, k = tiled_n or qweight.shape[0], x.shape[1]
-    warps, depth = shape or gemv16_shape(n, k, x.device)
+    warps, depth = shape or gemv_shape(n, k, x.device)
     y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
     s2 = global_scale.reshape(1).to(device=x.device, dtype=torch.float32)
-    torch.ops.ninfer.nvfp4_gemv16(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, warps, depth,
-                                  tiled_n is not None)
+    torch.ops.ninfer.nvfp4_gemv(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, warps, depth,
+                                tiled_n is not None)
     return y
 
 
-def int4_gemv16(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int] | None = None) -> torch.Tensor:
-    """int4_gemv's result from the 16-row kernel (N % 16 == 0). `shape`: (warps, depth), see gemv16_shape."""
+def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int] | None = None) -> torch.Tensor:
+    """x [M <= 16, K] bf16 -> y [M, N] bf16: int_linear.reference's (4 bits, group 128) float32 sums,
+    rounded once. `shape`: (warps, depth), see gemv_shape."""
     n, k = qweight.shape[0], x.shape[1]
-    warps, depth = shape or gemv16_shape(n, k, x.device)
+    warps, depth = shape or gemv_shape(n, k, x.device)
     y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
-    torch.ops.ninfer.int4_gemv16(x.contiguous(), qweight, scale, zero_point, y, warps, depth)
+    torch.ops.ninfer.int4_gemv(x.contiguous(), qweight, scale, zero_point, y, warps, depth)
     return y

@@ -33,11 +33,11 @@ class QuantizedLinear:
         if scheme["kind"] not in ("nvfp4", "int"):
             raise ValueError(f"no kernel for scheme {scheme['kind']!r}")
         self.scheme, self.parts, self.shape, self.scratch = scheme, parts, shape, scratch
-        # NVFP4 on Hopper: codes and scales re-laid once, at load, as the 16-row GEMV streams them (each
+        # NVFP4 on Hopper: codes and scales re-laid once, at load, as the CUDA GEMV streams them (each
         # warp's tile contiguous); prefill dequantizes from the same bytes
-        self.tiled = (scheme["kind"] == "nvfp4" and parts["qweight"].is_cuda and cuda_ops.tiles16(*shape))
+        self.tiled = (scheme["kind"] == "nvfp4" and parts["qweight"].is_cuda and cuda_ops.tiles_nvfp4(*shape))
         if self.tiled:
-            parts["qweight"], parts["block_scale"] = cuda_ops.tile16(parts["qweight"], parts["block_scale"])
+            parts["qweight"], parts["block_scale"] = cuda_ops.tile_nvfp4(parts["qweight"], parts["block_scale"])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead, k = x.shape[:-1], x.shape[-1]
@@ -53,15 +53,14 @@ class QuantizedLinear:
         p = self.parts
         if self.scheme["kind"] == "nvfp4":
             if self.tiled:  # (the kernel takes bf16 rows; __call__ casts the result back)
-                return cuda_ops.nvfp4_gemv16(x.to(torch.bfloat16), p["qweight"], p["block_scale"], p["global_scale"],
-                                             tiled_n=self.shape[0])
+                return cuda_ops.nvfp4_gemv(x.to(torch.bfloat16), p["qweight"], p["block_scale"], p["global_scale"],
+                                           tiled_n=self.shape[0])
             if cuda_ops.gemv_fits(x, self.shape[0]):
                 return cuda_ops.nvfp4_gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
             return nvfp4_linear.gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
         bits, group = self.scheme["bits"], self.scheme["group_size"]
         if cuda_ops.int4_gemv_fits(x, self.shape[0], bits, group, p["scale"]):
-            gemv = cuda_ops.int4_gemv16 if self.shape[0] % 16 == 0 else cuda_ops.int4_gemv
-            return gemv(x, p["qweight"], p["scale"], p.get("zero_point"))
+            return cuda_ops.int4_gemv(x, p["qweight"], p["scale"], p.get("zero_point"))
         return int_linear.gemv(x, p["qweight"], p["scale"], p.get("zero_point"), bits, group)
 
     def _dequantize(self, out: torch.Tensor) -> torch.Tensor:

@@ -93,7 +93,7 @@ def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BL
 
 @triton.jit
 def _dequant_tiled_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """_dequant_kernel over cuda_ops.tile16's layout: code byte b of row n sits in tile (n // 16, b // 64) at
+    """_dequant_kernel over cuda_ops.tile_nvfp4's layout: code byte b of row n sits in tile (n // 16, b // 64) at
     half (n % 16) // 8 * 512 + lane (4 (n % 8) + (b % 64) // 16) * 16 + b % 16; block scale j of row n at
     tile (n // 16, j // 8), lane (4 (n % 8) + (j % 8) // 2) * 4 + half * 2 + j % 2."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -145,7 +145,7 @@ def gemv(x: torch.Tensor, qweight, block_scale, global_scale, block_n: int = 64,
 def dequantize(qweight, block_scale, global_scale, out: torch.Tensor | None = None, dtype=torch.bfloat16,
                block_n: int = 64, block_k: int = 256, tiled_shape: tuple[int, int] | None = None) -> torch.Tensor:
     """-> [N, K] in `dtype` (into `out` when given, e.g. a reused prefill buffer). `tiled_shape`: (N, K) of
-    qweight, block_scale in cuda_ops.tile16's layout."""
+    qweight, block_scale in cuda_ops.tile_nvfp4's layout."""
     n, k = tiled_shape or (qweight.shape[0], qweight.shape[1] * 2)
     w = out if out is not None else torch.empty(n, k, dtype=dtype, device=qweight.device)
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))

@@ -52,7 +52,7 @@ def test_gemv_rejects_what_it_cannot_do():
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 @pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (4, 17408, 5120), (9, 1024, 5120), (16, 48, 5120),
-                                    (1, 8, 128), (3, 6144, 5120)])
+                                    (1, 16, 128), (3, 6144, 5120)])
 def test_cuda_gemv_matches_reference(m, n, kk):
     from ninfer_run.kernels import cuda_ops
 
@@ -62,32 +62,25 @@ def test_cuda_gemv_matches_reference(m, n, kk):
     # the codes' full range, 0.5 (a bf16 subnormal once placed) and the scales' subnormals included
     x = torch.randn(m, kk, generator=torch.Generator().manual_seed(kk + m)).to(DEVICE, DTYPE)
     ref = k.reference(x, q, s8, s2)
-    for tiles, warps in sorted(cuda_ops.GEMV_SHAPES):
-        if n % (8 * tiles) == 0:  # warps past the K tiles idle (K = 128: one tile)
-            out = cuda_ops.nvfp4_gemv(x, q, s8, s2, shape=(tiles, warps))
-            assert out.shape == (m, n) and out.dtype == torch.bfloat16
-            assert rounded_once(out, ref), (tiles, warps)
+    tiled = cuda_ops.tile_nvfp4(q, s8)
+    for shape in sorted(cuda_ops.GEMV_SHAPES):  # warps past the K tiles idle (K = 128: one tile)
+        out = cuda_ops.nvfp4_gemv(x, q, s8, s2, shape=shape)
+        assert out.shape == (m, n) and out.dtype == torch.bfloat16
+        assert rounded_once(out, ref), shape
+        assert torch.equal(cuda_ops.nvfp4_gemv(x, *tiled, s2, shape=shape, tiled_n=n), out), shape
     # subnormal block scales (e4m3 exponent 0): every scale byte set to 1..7 must still decode exactly
     tiny = torch.randint(1, 8, s8.shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8).to(DEVICE)
     small = tiny.view(s8.dtype)
     assert rounded_once(cuda_ops.nvfp4_gemv(x, q, small, s2), k.reference(x, q, small, s2))
-    if n % 16 == 0:  # the 16-row kernel, every (warps, depth), small scales too
-        tiled = cuda_ops.tile16(q, s8)
-        for shape in sorted(cuda_ops.GEMV16_SHAPES):
-            out = cuda_ops.nvfp4_gemv16(x, q, s8, s2, shape=shape)
-            assert out.shape == (m, n) and out.dtype == torch.bfloat16
-            assert rounded_once(out, ref), shape
-            assert torch.equal(cuda_ops.nvfp4_gemv16(x, *tiled, s2, shape=shape, tiled_n=n), out), shape
-        assert rounded_once(cuda_ops.nvfp4_gemv16(x, q, small, s2), k.reference(x, q, small, s2))
 
 
 @pytest.mark.parametrize("n,kk", [(32, 256), (48, 384)] if DEVICE == "cpu" else [(17408, 5120), (1024, 2048)])
 def test_dequantize_of_the_tiled_layout_equals_the_row_major_one(n, kk):
-    from ninfer_run.kernels.cuda_ops import tile16
+    from ninfer_run.kernels.cuda_ops import tile_nvfp4
 
     q, s8, s2 = _weight(n, kk, n + 1)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     want = k.dequantize(q, s8, s2, dtype=dtype)
-    codes, scales = tile16(q, s8)
+    codes, scales = tile_nvfp4(q, s8)
     out = torch.full((n, kk), float("nan"), dtype=dtype, device=DEVICE)
     assert torch.equal(k.dequantize(codes, scales, s2, out=out, tiled_shape=(n, kk)), want)

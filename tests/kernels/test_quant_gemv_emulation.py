@@ -1,8 +1,9 @@
 """The sm_90a decode GEMV's arithmetic, emulated on the CPU (csrc/quant_gemv_sm90.cu runs on a GPU only).
 
 Each lane's registers are built from the artifact's bytes with the kernel's own bit expressions
-(checked present, verbatim, in the .cu), given the meaning mma.sync m16n8k16 gives them (A row-major,
-B column-major fragments: lane 4g + c holds k = 2c, 2c+1 (first register) and 2c+8, 2c+9 (second)),
+(checked present, verbatim, in the .cu), placed where mma.sync m16n8k16 reads them (A = weights,
+row-major: lane 4g + c holds rows g and g + 8 at k = 2c, 2c+1 and 2c+8, 2c+9; B = x, column-major:
+token g at the same k), multiplied, and read back from D's fragments as the kernel stores them,
 multiplied in float64. Equal to the reference bit for bit only if the K order of A and B agree, the
 bit placement decodes every code and the scale handling is exact.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ninfer_format.quants import E2M1_VALUES, dequantize_int, dequantize_nvfp4, unpack_nibbles
+from ninfer_format.quants import E2M1_VALUES, dequantize_int, unpack_nibbles
 from ninfer_pack.quant import quantize_int, quantize_nvfp4
 
 SOURCE = (Path(__file__).resolve().parents[2] / "ninfer_run" / "kernels" / "csrc" / "quant_gemv_sm90.cu").read_text()
@@ -45,31 +46,8 @@ def _scale_value(byte: torch.Tensor) -> torch.Tensor:
     return f
 
 
-def _emulate(words: torch.Tensor, b_pair, x: torch.Tensor, per_tile=None) -> torch.Tensor:
-    """words int64 [N, K/8] (32-bit words, 8 nibbles in K order); b_pair(w, i, n0, kt, c, t) -> bf16
-    values (lo, hi) of nibble pair (i, i+4) of word t of lane c's tile, for the 8 columns n0..n0+7;
-    per_tile(part [M, 8], n0, kt) scales a tile's sums (int4's group scale)."""
-    y = torch.zeros(M, N, dtype=torch.float64)
-    xd = x.double()
-    for n0 in range(0, N, 8):
-        for kt in range(K // 128):
-            part = torch.zeros(M, 8, dtype=torch.float64)
-            for t in range(4):
-                for h in range(2):
-                    for c in range(4):  # lanes 4g + c: column g of B, rows g (and g + 8) of A
-                        k0 = kt * 128 + 32 * c + 8 * t
-                        w = words[n0 : n0 + 8, kt * 16 + 4 * c + t]
-                        (b0l, b0h), (b1l, b1h) = (b_pair(w, 2 * h + r, n0, kt, c, t) for r in range(2))
-                        # A: a0 = (x[2h], x[2h+4]) at logical k 2c, 2c+1; a2 = (x[2h+1], x[2h+5]) at 2c+8, 2c+9
-                        a0l, a0h = xd[:, k0 + 2 * h], xd[:, k0 + 2 * h + 4]
-                        a2l, a2h = xd[:, k0 + 2 * h + 1], xd[:, k0 + 2 * h + 5]
-                        part += a0l[:, None] * b0l + a0h[:, None] * b0h + a2l[:, None] * b1l + a2h[:, None] * b1h
-            y[:, n0 : n0 + 8] += per_tile(part, n0, kt) if per_tile else part
-    return y
-
-
-def _emulate16(words: torch.Tensor, a_pair, x: torch.Tensor, per_row_tile=None) -> torch.Tensor:
-    """The 16-row kernel (weights as A): a_pair(w, i, row, kt, c, t) -> bf16 values (lo, hi) of nibble
+def _emulate(words: torch.Tensor, a_pair, x: torch.Tensor, per_row_tile=None) -> torch.Tensor:
+    """The kernel (weights as A, 16 rows per warp): a_pair(w, i, row, kt, c, t) -> bf16 values (lo, hi) of nibble
     pair (i, i+4) of word t of lane c's 16 bytes of `row`; per_row_tile(part [16, 8] rows x tokens, n0,
     kt) scales a tile's sums (int4). Registers are placed into A [16, 16], B [16, 8] by mma.sync's
     fragment layout, multiplied, and read back out of D's fragments as the kernel stores them."""
@@ -116,7 +94,6 @@ def test_expressions_are_the_kernels():
                  "((byte & 0x80u) << 24) | ((byte & 0x7Fu) << 20)", "f * 0x1p110f * 0x1p110f", "a.s2[0] * 0x1p26f",
                  "return ((w >> (4 * I)) & 0x000F000Fu) | 0x43004300u;", "(0x4300u | v) * 0x00010001u",
                  "even = permute(lo, hi, 0x5410u);", "odd = permute(lo, hi, 0x7632u);",
-                 "w_lane[j] = q + (size_t)(n0 + 8 * j + g) * (K / 2) + 16 * c;  // + 64 per tile",
                  ": q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile",
                  "const uint8_t* wh_lane = kTiled ? wg_lane + 512 : wg_lane + (size_t)8 * (K / 2);",
                  "const int token = 8 * th + 2 * c + (i & 1), row = n0 + g + 8 * (i >> 1);",
@@ -129,49 +106,6 @@ def test_expressions_are_the_kernels():
 
 
 def test_nvfp4_decode_and_k_order_are_exact():
-    g = torch.Generator().manual_seed(0)
-    q, s8, s2 = quantize_nvfp4(torch.randn(N, K, generator=g) * 0.05)
-    x = torch.randn(M, K, generator=g).bfloat16()
-    scales = s8.view(torch.uint8).long()
-
-    def b_pair(w, i, n0, kt, c, t):
-        s = _scale_value(scales[n0 : n0 + 8, kt * 8 + 2 * c + (t >= 2)])  # words 0-1: elements 0-15, 2-3: 16-31
-        products = [v * s for v in _halves(_fp4_pair(w, i))]
-        for p in products:  # the kernel's bf16 multiply is exact: value * scale * 2^-26 fits in bf16
-            assert torch.equal(p.float().bfloat16().double(), p)
-        return products
-
-    y = _emulate(_words(q), b_pair, x) * float(s2) * 2.0**26
-    # the exact weights in float64 (dequantize_nvfp4 rounds scale * s2 to float32 first: ~3e-8 away)
-    exact = E2M1_VALUES.double()[unpack_nibbles(q).long()] * s8.double().repeat_interleave(16, dim=1) * float(s2)
-    assert torch.allclose(exact, dequantize_nvfp4(q, s8, s2).double(), rtol=1e-6, atol=0)
-    ref = x.double() @ exact.T
-    assert float((y - ref).norm() / ref.norm()) < 1e-12
-
-
-@pytest.mark.parametrize("symmetric", [True, False])
-def test_int4_decode_and_k_order_are_exact(symmetric):
-    g = torch.Generator().manual_seed(1)
-    p = quantize_int(torch.randn(N, K, generator=g) * 0.05, 4, 128, symmetric, "w")
-    x = torch.randn(M, K, generator=g).bfloat16()
-    zero = _words(p["zero_point"]) if not symmetric else None
-    groups = K // 128
-
-    def b_pair(w, i, n0, kt, c, t):
-        v = ((zero[n0 // 8, kt] >> (4 * torch.arange(8))) & 15) if zero is not None else torch.full((8,), 8)
-        z = _bf16(0x4300 | v)
-        lo, hi = _halves(_int4_pair(w, i))
-        return lo - z, hi - z
-
-    def per_tile(part, n0, kt):
-        return part * p["scale"].double()[n0 : n0 + 8, kt]
-
-    y = _emulate(_words(p["qweight"]), b_pair, x, per_tile)
-    ref = x.double() @ dequantize_int(p["qweight"], p["scale"], p.get("zero_point"), 4, 128, (N, K)).double().T
-    assert groups == 2 and float((y - ref).norm() / ref.norm()) < 1e-12
-
-
-def test_nvfp4_16_row_kernel_is_exact():
     g = torch.Generator().manual_seed(2)
     q, s8, s2 = quantize_nvfp4(torch.randn(N, K, generator=g) * 0.05)
     x = torch.randn(M, K, generator=g).bfloat16()
@@ -181,14 +115,14 @@ def test_nvfp4_16_row_kernel_is_exact():
         s = _scale_value(scales[row, kt * 8 + 2 * c + (t >= 2)])  # sg[t >> 1]: the row's block 2c or 2c + 1
         return [v * s for v in _halves(_fp4_pair(w, i))]
 
-    y = _emulate16(_words(q), a_pair, x) * float(s2) * 2.0**26
+    y = _emulate(_words(q), a_pair, x) * float(s2) * 2.0**26
     exact = E2M1_VALUES.double()[unpack_nibbles(q).long()] * s8.double().repeat_interleave(16, dim=1) * float(s2)
     ref = x.double() @ exact.T
     assert float((y - ref).norm() / ref.norm()) < 1e-12
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_int4_16_row_kernel_is_exact(symmetric):
+def test_int4_decode_and_k_order_are_exact(symmetric):
     g = torch.Generator().manual_seed(3)
     p = quantize_int(torch.randn(N, K, generator=g) * 0.05, 4, 128, symmetric, "w")
     x = torch.randn(M, K, generator=g).bfloat16()
@@ -203,16 +137,16 @@ def test_int4_16_row_kernel_is_exact(symmetric):
     def per_row_tile(part, n0, kt):  # d0, d1 scaled by row g's group scale, d2, d3 by row g + 8's
         return part * p["scale"].double()[n0 : n0 + 16, kt, None]
 
-    y = _emulate16(_words(p["qweight"]), a_pair, x, per_row_tile)
+    y = _emulate(_words(p["qweight"]), a_pair, x, per_row_tile)
     ref = x.double() @ dequantize_int(p["qweight"], p["scale"], p.get("zero_point"), 4, 128, (N, K)).double().T
     assert float((y - ref).norm() / ref.norm()) < 1e-12
 
 
-def test_tile16_layout_is_what_the_tiled_kernel_loads():
-    """cuda_ops.tile16 (a torch permutation, also on the CPU) puts at the tiled kernel's addresses the
+def test_tiled_layout_is_what_the_tiled_kernel_loads():
+    """cuda_ops.tile_nvfp4 (a torch permutation, also on the CPU) puts at the tiled kernel's addresses the
     bytes its row-major addressing reads: tile (rt, kt) at 1024 (rt T + kt), lane L = 4g + c's codes at
     16 L (row g) and 512 + 16 L (row g + 8); its scales at 128 (rt T + kt) + 4 L (row g's two, row g + 8's)."""
-    from ninfer_run.kernels.cuda_ops import tile16
+    from ninfer_run.kernels.cuda_ops import tile_nvfp4
 
     for text in ("q + (size_t)blockIdx.x * tiles * 1024 + 16 * lane", "constexpr int kStride = kTiled ? 1024 : 64;",
                  "args.scale + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 128 +", "4 * (4 * g + c)",
@@ -221,7 +155,7 @@ def test_tile16_layout_is_what_the_tiled_kernel_loads():
     n, k = 48, 384
     g = torch.Generator().manual_seed(4)
     q, s8, _ = quantize_nvfp4(torch.randn(n, k, generator=g))
-    codes, scales = tile16(q, s8)
+    codes, scales = tile_nvfp4(q, s8)
     codes, scales, sb, t = codes.flatten(), scales.flatten(), s8.view(torch.uint8), k // 128
     for rt in range(n // 16):
         for kt in range(t):

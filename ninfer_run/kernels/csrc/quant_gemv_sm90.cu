@@ -2,20 +2,23 @@
 //   NVFP4:       y[m, n] = s2 * sum_k x[m, k] * e2m1(q[n, k]) * e4m3(scale[n, k / 16])
 //   int4 g128:   y[m, n] = sum_k x[m, k] * (u[n, k] - v[n, k / 128]) * scale[n, k / 128]
 // Operands as the sm_90a artifact stores them (row-major, K-major), x bf16 [M, K], y bf16 [M, N]:
-//   NVFP4  q u8 [N, K/2] (element 2i in the low nibble), scale e4m3 [N, K/16], s2 f32 [1] on the device
+//   NVFP4  q u8 [N, K/2] (element 2i in the low nibble), scale e4m3 [N, K/16], s2 f32 [1] on the device;
+//          or tiled (cuda_ops.tile_nvfp4, done once at load): each 16-row x 128-K tile's 1 KB of codes and
+//          128 B of scales contiguous, in the order the lanes below load them
 //   int4   q i32 [N, K/8] (element j of a word at bits 4j, offset-binary u = value + 8), scale bf16
 //          [N, K/128], zero points (asymmetric) i32 [N/8, K/128] packed along N (offset-binary v), else v = 8
 // Both pack 8 elements per 32-bit word in K order (nibble i = element i), so both share the lane
 // layout below and differ only in how a word becomes bf16 pairs (the Codec).
 //
-// Memory-bound: every weight byte is read once, 16 bytes per lane per 128-K tile, and never touches
-// shared memory. Lane 4g + c of a warp owns column n0 + g and the 32 K values kt*128 + 32c .. +31 of
-// each tile: four 32-bit words w0..w3, word t holding elements 8t .. 8t+7 (nibble i = element 8t + i).
-// The tile's eight m16n8k16 MMAs take K in an order of our choosing (a sum does not care), as long as
-// A (x) and B (weights) agree. MMA j = 2t + h takes, as B's register pair (b0, b1), the nibble pairs
-// (i, i+4) for i = 2h and 2h + 1 of word t: one shift-and-mask places both nibbles of a pair in the
-// two bf16 halves of a register. A's registers hold the matching x values: a0 = (x[8t+2h], x[8t+2h+4]),
-// a2 = (x[8t+2h+1], x[8t+2h+5]) (byte permutes).
+// Memory-bound: every weight byte is read once and never touches shared memory. The weights are the
+// MMA's A operand: a warp takes 16 output rows at once, lane 4g + c rows g and g + 8, 16 bytes of each
+// per 128-K tile = the 32 K values kt*128 + 32c .. +31: four 32-bit words, word t holding elements
+// 8t .. 8t+7 (nibble i = element 8t + i). The tile's eight m16n8k16 MMAs take K in an order of our
+// choosing (a sum does not care), as long as A (weights) and B (x) agree. MMA j = 2t + h takes, as
+// A's registers a0/a1 (rows g / g + 8) the nibble pair (2h, 2h+4) of word t and as a2/a3 the pair
+// (2h+1, 2h+5): one shift-and-mask places both nibbles of a pair in the two bf16 halves of a register.
+// B's registers hold the matching x values of token g: b0 = (x[8t+2h], x[8t+2h+4]),
+// b1 = (x[8t+2h+1], x[8t+2h+5]) (byte permutes); tokens 8..15 take a second MMA per A.
 //
 // NVFP4 exactness: an E2M1 code's bits placed in a bf16 read as value * 2^-126 (subnormal for 0.5);
 // the block scale is turned into scale * 2^100 (bf16, exact); their product, value * scale * 2^-26,
@@ -23,11 +26,12 @@
 // The fp32 accumulator is multiplied by s2 * 2^26 at the end.
 // int4 exactness: a nibble u placed in the mantissa of 128.0 reads as 128 + u; minus 128 + v it is the
 // small integer u - v, exact. A tile is one quantization group, so its eight MMAs sum x * (u - v) into
-// a fresh fragment that is multiplied by the group's scale (per output column) in fp32.
+// a fresh fragment that is multiplied by the group's scale (per output row) in fp32.
 //
-// A block's warps split K and add their partial tiles in shared memory, so each output is written
-// once, in bf16: no split over blocks, no atomics, no zeroed fp32 buffer and no conversion kernel
-// after (at decode these are ~2 of the ~7 kernels per linear). Thin matrices get more warps per block.
+// A block (16 rows) has kWarps warps that split the K tiles (warp w: w, w + kWarps, ...); each warp
+// keeps kDepth tiles of weights and scales in flight in registers (a ring refilled as it is consumed).
+// The warps' partial sums are added in shared memory, so each output is written once, in bf16: no
+// split over blocks, no atomics, no zeroed fp32 buffer and no conversion kernel after.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -96,53 +100,30 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int t) {
   return t == 0 ? v.x : t == 1 ? v.y : t == 2 ? v.z : v.w;
 }
 
-// A's registers for MMA (t, h): x holds this lane's 32 K values of one row as four uint4 (uint4 t =
+// B's registers for MMA (t, h): x holds this lane's 32 K values of one token as four uint4 (uint4 t =
 // elements 8t..8t+7, as bf16 pairs (x0,x1) (x2,x3) (x4,x5) (x6,x7)); -> (x[2h], x[2h+4]), (x[2h+1], x[2h+5]).
-__device__ __forceinline__ void a_pair(uint32_t& even, uint32_t& odd, const uint4& v, int h) {
+__device__ __forceinline__ void x_pair(uint32_t& even, uint32_t& odd, const uint4& v, int h) {
   const uint32_t lo = h ? v.y : v.x, hi = h ? v.w : v.z;
   even = permute(lo, hi, 0x5410u);
   odd = permute(lo, hi, 0x7632u);
 }
 
-// B's register pair for MMA (t, h) is produced by the codec from word t of the lane's 16 bytes.
+// A's registers for MMA (t, h) are made by the codec from word t of the lane's 16 bytes of each row.
 struct Nvfp4 {
   struct Args {
     const uint8_t* scale;
     const float* s2;
   };
-  struct Aux {  // this lane's two block-scale bytes of the tile (elements 0-15, 16-31)
+  struct RowAux {  // a row's two block-scale bytes of the tile (the lane's elements 0-15, 16-31)
     uint32_t scales;
   };
-  __device__ static Aux load(const Args& a, int n_tile, int K, int kt, int g, int c) {
-    return {*reinterpret_cast<const uint16_t*>(a.scale + (size_t)(n_tile + g) * (K / 16) + kt * 8 + 2 * c)};
-  }
-  template <bool kHighRows>
-  __device__ static void tile(float (&d)[2][4], const uint4& w, const Aux& aux, const uint4 (&xl)[4],
-                              const uint4 (&xh)[4]) {
-    const uint32_t s_lo = scale_pair(aux.scales & 0xFFu), s_hi = scale_pair(aux.scales >> 8);
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const uint32_t wt = word(w, t), s = t < 2 ? s_lo : s_hi;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t a[4] = {0u, 0u, 0u, 0u};
-        a_pair(a[0], a[2], xl[t], h);
-        if (kHighRows) a_pair(a[1], a[3], xh[t], h);
-        const uint32_t b0 = bf16x2_mul(h ? fp4_pair<2>(wt) : fp4_pair<0>(wt), s);
-        const uint32_t b1 = bf16x2_mul(h ? fp4_pair<3>(wt) : fp4_pair<1>(wt), s);
-        mma_bf16(d[t & 1], a, b0, b1);  // even and odd words: two dependency chains instead of one
-      }
-    }
-  }
-  // Weights as A (rows g and g + 8 of a 16-row tile): the row's two block-scale bytes of the tile.
-  using RowAux = Aux;
-  __device__ static Aux load_row(const Args& a, int row, int K, int kt, int c) {
+  __device__ static RowAux load_row(const Args& a, int row, int K, int kt, int c) {
     return {*reinterpret_cast<const uint16_t*>(a.scale + (size_t)row * (K / 16) + kt * 8 + 2 * c)};
   }
   // d[token half][chain]: A = rows g (a0, a2) and g + 8 (a1, a3), B = x of tokens g (and g + 8).
   template <bool kHighTokens>
-  __device__ static void tile16(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const Aux& ag,
-                                const Aux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
+  __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
+                                const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
     const uint32_t sg[2] = {scale_pair(ag.scales & 0xFFu), scale_pair(ag.scales >> 8)};
     const uint32_t sh[2] = {scale_pair(ah.scales & 0xFFu), scale_pair(ah.scales >> 8)};
 #pragma unroll
@@ -155,10 +136,10 @@ struct Nvfp4 {
                                bf16x2_mul(h ? fp4_pair<3>(vg) : fp4_pair<1>(vg), sg[t >> 1]),
                                bf16x2_mul(h ? fp4_pair<3>(vh) : fp4_pair<1>(vh), sh[t >> 1])};
         uint32_t b0, b1;
-        a_pair(b0, b1, xl[t], h);
+        x_pair(b0, b1, xl[t], h);
         mma_bf16(d[0][t & 1], a, b0, b1);
         if (kHighTokens) {
-          a_pair(b0, b1, xh[t], h);
+          x_pair(b0, b1, xh[t], h);
           mma_bf16(d[1][t & 1], a, b0, b1);
         }
       }
@@ -184,36 +165,6 @@ struct Int4 {
     const __nv_bfloat16* scale;
     const int32_t* zero;  // nullptr when symmetric
   };
-  struct Aux {
-    uint32_t zero;  // 128 + v of this lane's column, both bf16 halves
-    float s0, s1;   // the group's scales of this lane's two output columns (the accumulator layout's)
-  };
-  __device__ static Aux load(const Args& a, int n_tile, int K, int kt, int g, int c) {
-    const int groups = K / kTileK;
-    const uint32_t v = a.zero ? (static_cast<uint32_t>(a.zero[(size_t)(n_tile / 8) * groups + kt]) >> (4 * g)) & 15u : 8u;
-    const __nv_bfloat16* s = a.scale + (size_t)(n_tile + 2 * c) * groups + kt;
-    return {(0x4300u | v) * 0x00010001u, __bfloat162float(s[0]), __bfloat162float(s[groups])};
-  }
-  template <bool kHighRows>
-  __device__ static void tile(float (&d)[2][4], const uint4& w, const Aux& aux, const uint4 (&xl)[4],
-                              const uint4 (&xh)[4]) {
-    float part[2][4] = {};
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const uint32_t wt = word(w, t);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t a[4] = {0u, 0u, 0u, 0u};
-        a_pair(a[0], a[2], xl[t], h);
-        if (kHighRows) a_pair(a[1], a[3], xh[t], h);
-        const uint32_t b0 = bf16x2_sub(h ? int4_pair<2>(wt) : int4_pair<0>(wt), aux.zero);
-        const uint32_t b1 = bf16x2_sub(h ? int4_pair<3>(wt) : int4_pair<1>(wt), aux.zero);
-        mma_bf16(part[t & 1], a, b0, b1);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) d[0][i] += (part[0][i] + part[1][i]) * ((i & 1) ? aux.s1 : aux.s0);
-  }
   struct RowAux {
     uint32_t zero;  // 128 + v of the row, both bf16 halves
     float scale;    // the row's group scale
@@ -226,7 +177,7 @@ struct Int4 {
   // A tile is one group: its MMAs sum x * (u - v) into fresh fragments, scaled per row (d0, d1: row g;
   // d2, d3: row g + 8) into d[token half][0].
   template <bool kHighTokens>
-  __device__ static void tile16(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
+  __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
                                 const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
     float part[2][2][4] = {};
 #pragma unroll
@@ -239,10 +190,10 @@ struct Int4 {
                                bf16x2_sub(h ? int4_pair<3>(vg) : int4_pair<1>(vg), ag.zero),
                                bf16x2_sub(h ? int4_pair<3>(vh) : int4_pair<1>(vh), ah.zero)};
         uint32_t b0, b1;
-        a_pair(b0, b1, xl[t], h);
+        x_pair(b0, b1, xl[t], h);
         mma_bf16(part[0][t & 1], a, b0, b1);
         if (kHighTokens) {
-          a_pair(b0, b1, xh[t], h);
+          x_pair(b0, b1, xh[t], h);
           mma_bf16(part[1][t & 1], a, b0, b1);
         }
       }
@@ -254,99 +205,6 @@ struct Int4 {
   }
   __device__ static float out_scale(const Args&) { return 1.f; }
 };
-
-// Grid N / (8 kTiles) blocks of kWarps warps; warp w takes every kWarps-th 128-K tile (from tile w) of
-// kTiles n-tiles (8 columns each; the x fragments are loaded once for all).
-template <class Codec, bool kHighRows, int kTiles, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ q,
-                                                    const typename Codec::Args args, __nv_bfloat16* __restrict__ y,
-                                                    int M, int N, int K) {
-  using Aux = typename Codec::Aux;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int n0 = blockIdx.x * 8 * kTiles, tiles = K / kTileK;
-  const uint8_t* w_lane[kTiles];
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j) w_lane[j] = q + (size_t)(n0 + 8 * j + g) * (K / 2) + 16 * c;  // + 64 per tile
-  float d[kTiles][2][4] = {};
-  int kt = warp;
-  uint4 w_next[kTiles];
-  Aux aux_next[kTiles];
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
-    w_next[j] = make_uint4(0, 0, 0, 0);
-    aux_next[j] = Aux{};
-    if (kt < tiles) {
-      w_next[j] = load_stream(w_lane[j] + (size_t)kt * 64);
-      aux_next[j] = Codec::load(args, n0 + 8 * j, K, kt, g, c);
-    }
-  }
-  for (; kt < tiles; kt += kWarps) {
-    uint4 w[kTiles];
-    Aux aux[kTiles];
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-      w[j] = w_next[j];
-      aux[j] = aux_next[j];
-      if (kt + kWarps < tiles) {  // the next tile's weights are in flight while this one computes
-        w_next[j] = load_stream(w_lane[j] + (size_t)(kt + kWarps) * 64);
-        aux_next[j] = Codec::load(args, n0 + 8 * j, K, kt + kWarps, g, c);
-      }
-    }
-    const int k0 = kt * kTileK + 32 * c;
-    uint4 xl[4], xh[4];
-    load_x(xl, x, g, M, K, k0);
-    if (kHighRows) load_x(xh, x, g + 8, M, K, k0);
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j) Codec::template tile<kHighRows>(d[j], w[j], aux[j], xl, xh);
-  }
-  // the block's warps hold partial sums of the same tiles: add them, then one bf16 store
-  __shared__ float partial[kWarps][kTiles][4][32];
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][j][i][lane] = d[j][0][i] + d[j][1][i];
-  __syncthreads();
-  if (warp != 0) return;
-  const float out_scale = Codec::out_scale(args);
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float v = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) v += partial[w][j][i][lane];
-      const int row = g + 8 * (i >> 1), col = n0 + 8 * j + 2 * c + (i & 1);  // the m16n8 accumulator layout
-      if (row < M) y[(size_t)row * N + col] = __float2bfloat16_rn(v * out_scale);
-    }
-}
-
-template <class Codec, int kTiles, int kWarps>
-void launch(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
-            cudaStream_t stream) {
-  const dim3 grid(N / (8 * kTiles)), block(kWarps * 32);
-  const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  const auto* qb = static_cast<const uint8_t*>(q);
-  auto* yb = static_cast<__nv_bfloat16*>(y);
-  if (M > 8) gemv<Codec, true, kTiles, kWarps><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
-  else gemv<Codec, false, kTiles, kWarps><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
-}
-
-// (n_tiles, warps) in {(1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4), (4, 8)}; N % (8 * n_tiles) == 0.
-template <class Codec>
-int dispatch(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
-             int n_tiles, int warps, cudaStream_t stream) {
-  switch (n_tiles * 100 + warps) {
-    case 104: launch<Codec, 1, 4>(x, q, args, y, M, N, K, stream); break;
-    case 108: launch<Codec, 1, 8>(x, q, args, y, M, N, K, stream); break;
-    case 116: launch<Codec, 1, 16>(x, q, args, y, M, N, K, stream); break;
-    case 204: launch<Codec, 2, 4>(x, q, args, y, M, N, K, stream); break;
-    case 208: launch<Codec, 2, 8>(x, q, args, y, M, N, K, stream); break;
-    case 404: launch<Codec, 4, 4>(x, q, args, y, M, N, K, stream); break;
-    case 408: launch<Codec, 4, 8>(x, q, args, y, M, N, K, stream); break;
-    default: return static_cast<int>(cudaErrorInvalidValue);
-  }
-  return static_cast<int>(cudaGetLastError());
-}
 
 // Rows g and g + 8's scales of K tile kt. Tiled NVFP4 scales: each (16 rows, 128 K) tile's 128 bytes in
 // lane order, lane 4g + c's four = row g's blocks 2c, 2c + 1, then row g + 8's.
@@ -364,21 +222,16 @@ __device__ __forceinline__ void load_rows(typename Codec::RowAux& ag, typename C
   }
 }
 
-// Weights as MMA's A operand: a warp takes 16 output rows at once (lane 4g + c: rows g and g + 8, the
-// same 16 bytes = 32 K values per row and tile as above) for up to 8 tokens (B's columns; tokens 8..15
-// take a second MMA per A). Block = 16 rows, its kWarps warps split the K tiles (warp w: w, w + kWarps,
-// ...); each warp keeps kDepth tiles of weights and scales in flight in registers (a ring refilled as
-// it is consumed), so a warp has kDepth KB in flight instead of one tile. The warps' partial sums are
-// added in shared memory; each output is written once, in bf16.
+// Grid N / 16 blocks of kWarps warps (see the top).
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled>
-__global__ void __launch_bounds__(kWarps * 32) gemv16(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ q,
+__global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ q,
                                                       const typename Codec::Args args, __nv_bfloat16* __restrict__ y,
                                                       int M, int N, int K) {
   using RowAux = typename Codec::RowAux;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int n0 = blockIdx.x * 16, tiles = K / kTileK;
   const int steps = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;  // this warp's K tiles
-  // row-major: + 64 bytes per K tile; tiled (see tile16): each (16 rows, 128 K) tile is 1 KB, lane order
+  // row-major: + 64 bytes per K tile; tiled (see tile): each (16 rows, 128 K) tile is 1 KB, lane order
   const uint8_t* wg_lane = kTiled ? q + (size_t)blockIdx.x * tiles * 1024 + 16 * lane
                                   : q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile
   const uint8_t* wh_lane = kTiled ? wg_lane + 512 : wg_lane + (size_t)8 * (K / 2);
@@ -412,7 +265,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv16(const __nv_bfloat16* __res
         uint4 xl[4], xh[4];
         load_x(xl, x, g, M, K, k0);
         if (kHighTokens) load_x(xh, x, g + 8, M, K, k0);
-        Codec::template tile16<kHighTokens>(d, cg, ch, bg, bh, xl, xh);
+        Codec::template tile<kHighTokens>(d, cg, ch, bg, bh, xl, xh);
       }
     }
   }
@@ -438,27 +291,27 @@ __global__ void __launch_bounds__(kWarps * 32) gemv16(const __nv_bfloat16* __res
 }
 
 template <class Codec, int kWarps, int kDepth, bool kTiled>
-void launch16(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
+void launch(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
               cudaStream_t stream) {
   const dim3 grid(N / 16), block(kWarps * 32);
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* qb = static_cast<const uint8_t*>(q);
   auto* yb = static_cast<__nv_bfloat16*>(y);
-  if (M > 8) gemv16<Codec, true, kWarps, kDepth, kTiled><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
-  else gemv16<Codec, false, kWarps, kDepth, kTiled><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
+  if (M > 8) gemv<Codec, true, kWarps, kDepth, kTiled><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
+  else gemv<Codec, false, kWarps, kDepth, kTiled><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
 }
 
 // (warps, depth) in {4, 8, 16} x {2, 4}; N % 16 == 0.
 template <class Codec, bool kTiled>
-int dispatch16(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
+int dispatch(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
                int warps, int depth, cudaStream_t stream) {
   switch (warps * 10 + depth) {
-    case 42: launch16<Codec, 4, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
-    case 44: launch16<Codec, 4, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
-    case 82: launch16<Codec, 8, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
-    case 84: launch16<Codec, 8, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
-    case 162: launch16<Codec, 16, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
-    case 164: launch16<Codec, 16, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 42: launch<Codec, 4, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 44: launch<Codec, 4, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 82: launch<Codec, 8, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 84: launch<Codec, 8, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 162: launch<Codec, 16, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 164: launch<Codec, 16, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
   return static_cast<int>(cudaGetLastError());
@@ -467,28 +320,16 @@ int dispatch16(const void* x, const void* q, const typename Codec::Args& args, v
 }  // namespace ninfer_sm90
 
 // The launchers ops.cpp calls; each returns the launch's CUDA error code (cudaErrorInvalidValue for
-// an (n_tiles, warps) combination that is not built).
+// a (warps, depth) combination that is not built).
 int ninfer_nvfp4_gemv_sm90(const void* x, const void* q, const void* scale, const float* s2, void* y, int M, int N,
-                           int K, int n_tiles, int warps, cudaStream_t stream) {
+                             int K, int warps, int depth, bool tiled, cudaStream_t stream) {
   const ninfer_sm90::Nvfp4::Args args{static_cast<const uint8_t*>(scale), s2};
-  return ninfer_sm90::dispatch<ninfer_sm90::Nvfp4>(x, q, args, y, M, N, K, n_tiles, warps, stream);
+  return tiled ? ninfer_sm90::dispatch<ninfer_sm90::Nvfp4, true>(x, q, args, y, M, N, K, warps, depth, stream)
+               : ninfer_sm90::dispatch<ninfer_sm90::Nvfp4, false>(x, q, args, y, M, N, K, warps, depth, stream);
 }
 
 int ninfer_int4_gemv_sm90(const void* x, const void* q, const void* scale, const void* zero, void* y, int M, int N,
-                          int K, int n_tiles, int warps, cudaStream_t stream) {
-  const ninfer_sm90::Int4::Args args{static_cast<const __nv_bfloat16*>(scale), static_cast<const int32_t*>(zero)};
-  return ninfer_sm90::dispatch<ninfer_sm90::Int4>(x, q, args, y, M, N, K, n_tiles, warps, stream);
-}
-
-int ninfer_nvfp4_gemv16_sm90(const void* x, const void* q, const void* scale, const float* s2, void* y, int M, int N,
-                             int K, int warps, int depth, bool tiled, cudaStream_t stream) {
-  const ninfer_sm90::Nvfp4::Args args{static_cast<const uint8_t*>(scale), s2};
-  return tiled ? ninfer_sm90::dispatch16<ninfer_sm90::Nvfp4, true>(x, q, args, y, M, N, K, warps, depth, stream)
-               : ninfer_sm90::dispatch16<ninfer_sm90::Nvfp4, false>(x, q, args, y, M, N, K, warps, depth, stream);
-}
-
-int ninfer_int4_gemv16_sm90(const void* x, const void* q, const void* scale, const void* zero, void* y, int M, int N,
                             int K, int warps, int depth, cudaStream_t stream) {
   const ninfer_sm90::Int4::Args args{static_cast<const __nv_bfloat16*>(scale), static_cast<const int32_t*>(zero)};
-  return ninfer_sm90::dispatch16<ninfer_sm90::Int4, false>(x, q, args, y, M, N, K, warps, depth, stream);
+  return ninfer_sm90::dispatch<ninfer_sm90::Int4, false>(x, q, args, y, M, N, K, warps, depth, stream);
 }
