@@ -241,10 +241,13 @@ class Engine:
             self._notify(res)  # admitted: cached_tokens is known
 
     def _ensure_room(self, run: _Running, tokens: int) -> None:
+        """Blocks for `tokens` more tokens of `run`, evicting frontiers if needed, taken now: the next
+        sequence of a batched step must not count them free too (PoolExhausted if they cannot be had)."""
         bs = self.cache.pool.layout.block_size
         need = -(-(run.state.length + tokens) // bs) - len(run.state.kv.blocks)
         if need > 0:
             self.cache.make_room(need)
+            run.state.kv.reserve(run.state.length + tokens)
 
     def _advance(self, run: _Running) -> None:
         req = run.request

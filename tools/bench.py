@@ -135,7 +135,10 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
            seed: int = 0, profile_to: Path | None = None) -> dict:
     """Aggregate decode tok/s once every sequence has its first token; `forced`: see ForcedAcceptance.
     `profile_to`: also write torch.profiler's top ops of the timed steps there."""
-    config = EngineConfig(max_context=concurrency * (prompt + new_tokens + 64), max_concurrency=concurrency,
+    warm = 4 * (draft_tokens + 1)
+    max_tokens = warm + new_tokens + draft_tokens + 1
+    blocks = -(-(prompt + max_tokens + draft_tokens) // 64)  # each sequence's whole blocks (a 64-token block)
+    config = EngineConfig(max_context=concurrency * blocks * 64, max_concurrency=concurrency, block_size=64,
                           prefill_chunk=4096, draft_tokens=draft_tokens, max_frontiers=1)
     engine = build_engine(model, config)
     if forced:
@@ -143,9 +146,8 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
     # untimed first: every prompt (a long one takes several chunks), then a few steps in which a graphed
     # engine captures this shape's graphs (decode; verify and drafts with MTP). Room past the timed
     # tokens: speculative steps keep their full draft count up to the end of the timed part.
-    warm = 4 * (draft_tokens + 1)
     results = [engine.submit(Request(_prompt(prompt, model.cfg.vocab_size, seed + i),
-                                     max_tokens=warm + new_tokens + draft_tokens + 1, params=GREEDY))
+                                     max_tokens=max_tokens, params=GREEDY))
                for i in range(concurrency)]
     _steps_until(engine, results, warm)
     _sync()

@@ -130,6 +130,23 @@ def test_mtp_speculative_engine_matches_plain_greedy(model):
     assert engine.mtp_pool.free_blocks == engine.mtp_pool.num_blocks  # the MTP head's KV is returned
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_full_pool_fails_one_sequence_of_a_batched_step_not_the_engine(model, graphs):
+    """Two sequences need a new block in the same step and one is free: the one that cannot have it
+    fails with the pool's error; the other goes on, exact."""
+    prompts = [p[:20] for p in _prompts(2, seed=17)]  # 2 blocks of 16 each; at 32 tokens both need a third
+    engine = _engine(model, max_context=80, max_concurrency=2, cuda_graphs=graphs)  # 5 blocks
+    results = [engine.submit(Request(p, max_tokens=16)) for p in prompts]
+    engine.run_until_done()
+    failed = [r for r in results if r.finish_reason == "error"]
+    assert len(failed) == 1 and "KV pool exhausted" in failed[0].error and len(failed[0].tokens) == 13
+    ok = next(r for r in results if r.finish_reason == "length")
+    alone = _engine(model, max_context=256, cuda_graphs=graphs)  # the same sequence with room to spare
+    want = alone.submit(Request(prompts[results.index(ok)], max_tokens=16))
+    alone.run_until_done()
+    assert ok.tokens == want.tokens
+
+
 def test_speculation_pauses_beyond_spec_max_batch_and_the_head_catches_up(model, monkeypatch):
     from ninfer_run.spec import MTPDrafter
     from ninfer_run.state import SequenceState
