@@ -74,42 +74,26 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, s2_ptr, y_ptr, M, N, K, stride_xm, stride_
 
 
 @triton.jit
-def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    TILED: tl.constexpr):
+    """TILED: codes and scales in cuda_ops.tile_nvfp4's layout: code byte b of row n sits in tile
+    (n // 16, b // 64) at (n % 16) // 8 * 512 + lane (4 (n % 8) + (b % 64) // 16) * 16 + b % 16; block
+    scale j of row n in tile (n // 16, j // 8) at lane (4 (n % 8) + (j % 8) // 2) * 4 + (n % 16) // 8 * 2 + j % 2."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     half = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
     ok = (rn[:, None] < N) & (half[None, :] < K // 2)
-    codes = tl.load(q_ptr + rn[:, None] * (K // 2) + half[None, :], mask=ok, other=0).to(tl.int32)
-    scale = _e4m3_times_2m8(tl.load(s_ptr + rn[:, None] * (K // 16) + (half // 8)[None, :], mask=ok, other=0)
-                            .to(tl.int32)) * 256.0
-    per_block = scale * tl.load(s2_ptr)  # the reference's order: (block scale * s2), then times the value
-    lo = _e2m1_times_2m14(codes & 15) * 16384.0 * per_block
-    hi = _e2m1_times_2m14(codes >> 4) * 16384.0 * per_block
-    values = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K)
-    rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    tl.store(w_ptr + rn[:, None] * K + rk[None, :], values.to(w_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
-             mask=(rn[:, None] < N) & (rk[None, :] < K))
-
-
-@triton.jit
-def _dequant_tiled_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """_dequant_kernel over cuda_ops.tile_nvfp4's layout: code byte b of row n sits in tile (n // 16, b // 64) at
-    half (n % 16) // 8 * 512 + lane (4 (n % 8) + (b % 64) // 16) * 16 + b % 16; block scale j of row n at
-    tile (n // 16, j // 8), lane (4 (n % 8) + (j % 8) // 2) * 4 + half * 2 + j % 2."""
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    half = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-    ok = (rn[:, None] < N) & (half[None, :] < K // 2)
-    tiles = K // 128
-    tile = (rn[:, None] // 16) * tiles + half[None, :] // 64
-    hi_rows = (rn[:, None] % 16) // 8
-    lane = 4 * (rn[:, None] % 8) + (half[None, :] % 64) // 16
-    codes = tl.load(q_ptr + tile * 1024 + hi_rows * 512 + lane * 16 + half[None, :] % 16, mask=ok, other=0).to(tl.int32)
-    block = half[None, :] // 8
-    s_lane = 4 * (rn[:, None] % 8) + (block % 8) // 2
-    s_off = tile * 128 + s_lane * 4 + hi_rows * 2 + block % 2
+    if TILED:
+        tile = (rn[:, None] // 16) * (K // 128) + half[None, :] // 64
+        hi_rows, g, block = (rn[:, None] % 16) // 8, rn[:, None] % 8, half[None, :] // 8
+        q_off = tile * 1024 + hi_rows * 512 + (4 * g + (half[None, :] % 64) // 16) * 16 + half[None, :] % 16
+        s_off = tile * 128 + (4 * g + (block % 8) // 2) * 4 + hi_rows * 2 + block % 2
+    else:
+        q_off = rn[:, None] * (K // 2) + half[None, :]
+        s_off = rn[:, None] * (K // 16) + (half // 8)[None, :]
+    codes = tl.load(q_ptr + q_off, mask=ok, other=0).to(tl.int32)
     scale = _e4m3_times_2m8(tl.load(s_ptr + s_off, mask=ok, other=0).to(tl.int32)) * 256.0
-    per_block = scale * tl.load(s2_ptr)
+    per_block = scale * tl.load(s2_ptr)  # the reference's order: (block scale * s2), then times the value
     lo = _e2m1_times_2m14(codes & 15) * 16384.0 * per_block
     hi = _e2m1_times_2m14(codes >> 4) * 16384.0 * per_block
     values = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K)
@@ -149,7 +133,6 @@ def dequantize(qweight, block_scale, global_scale, out: torch.Tensor | None = No
     n, k = tiled_shape or (qweight.shape[0], qweight.shape[1] * 2)
     w = out if out is not None else torch.empty(n, k, dtype=dtype, device=qweight.device)
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
-    kernel = _dequant_tiled_kernel if tiled_shape else _dequant_kernel
-    kernel[grid](qweight, block_scale.view(torch.uint8), _f32(global_scale, qweight.device), w, n, k,
-                 BLOCK_N=block_n, BLOCK_K=block_k)
+    _dequant_kernel[grid](qweight, block_scale.view(torch.uint8), _f32(global_scale, qweight.device), w, n, k,
+                          BLOCK_N=block_n, BLOCK_K=block_k, TILED=tiled_shape is not None)
     return w
