@@ -7,7 +7,8 @@
 Ceilings, measured first: device-to-device copy (bytes read + written) and a bf16 cuBLAS matmul on
 random data. Then, on qwen3.8-27b's shapes:
   - decode GEMV (NVFP4, int4-g128) at M = 1, 4, 8, 16: weight GB/s vs the copy ceiling, and speed vs the
-    peer, torch.matmul with the same weight in bf16 (what transformers runs; 4x the bytes);
+    peer, torch.matmul with the same weight in bf16 (what transformers runs; 4x the bytes); at M = 1
+    also the GEMV's loads alone (tools/csrc/gemv_read_floor.cu): its memory floor;
   - prefill at M = 8192: dequantize + cuBLAS vs the bf16 matmul peer and the FLOP ceiling;
   - paged INT8 attention decode at 8K / 32K / 100K context, 1 and 8 sequences: KV GB/s vs the copy
     ceiling, and speed vs torch SDPA over the same KV in bf16;
@@ -95,6 +96,18 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+def _read_floor():
+    """tools/csrc/gemv_read_floor.cu built (the GEMV's loads without its arithmetic) -> its function."""
+    from torch.utils.cpp_extension import load_inline
+
+    source = (Path(__file__).resolve().parent / "csrc" / "gemv_read_floor.cu").read_text()
+    module = load_inline("ninfer_gemv_read_floor", cpp_sources="void read_floor(torch::Tensor q, torch::Tensor s, "
+                         "torch::Tensor out, int64_t n, int64_t k, int64_t warps, int64_t depth);",
+                         cuda_sources=source, functions=["read_floor"],
+                         extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"])
+    return module.read_floor
+
+
 def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]:
     rows = []
     for name, n, k, _layers in shapes:
@@ -124,6 +137,12 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                             lambda q, s=(w, d): cuda_ops.nvfp4_gemv(x, *q, shape=s, tiled_n=n), tiled))
                         for w, d in sorted(cuda_ops.GEMV_SHAPES) if w <= k // 128}
                     row["nvfp4_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv(x, *w, tiled_n=n), tiled))
+                    if m == 1:  # the same loads without the arithmetic, at the default shape
+                        warps, depth = cuda_ops.gemv_shape(n, k, x.device)
+                        sink = torch.empty(n // 16 * warps * 32, dtype=torch.int32, device=device)
+                        floor = _read_floor()
+                        row["read_floor_us"] = 1000 * _bench(_rotating(
+                            lambda w: floor(w[0], w[1], sink, n, k, warps, depth), tiled))
                     row["nvfp4_row_major_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv(x, *w), nv))
                     row["int4_ms"] = _bench(_rotating(lambda w: cuda_ops.int4_gemv(x, w[0], w[1], None), i4))
                     del tiled
@@ -271,6 +290,7 @@ def table(results: dict) -> str:
         if "nvfp4_ms" in r:
             shapes = " ".join(f"{s}:{v:.0f}" for s, v in r.get("nvfp4_shapes_us", {}).items())
             row_major = f"row-major {r['nvfp4_row_major_ms'] * 1000:.0f} us; " if "nvfp4_row_major_ms" in r else ""
+            row_major += f"read floor {r['read_floor_us']:.0f} us; " if "read_floor_us" in r else ""
             lines.append(f"gemv {r['linear']:<16} M={r['M']:<2} nvfp4 {r['nvfp4_GB_s']:6.0f} GB/s "
                          f"({r['nvfp4_of_roofline']:.0%} roofline, {r['nvfp4_vs_peer']:.2f}x bf16, {r['nvfp4_kernel']}; "
                          f"{row_major}warps x depth {shapes} us, default {r.get('default_shape')})  "

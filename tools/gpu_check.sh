@@ -7,7 +7,9 @@
 #   gemv    tools/bench_kernels.py --gemv-only: the decode GEMVs alone, every CUDA (tiles, warps) shape
 #   kernels tools/bench_kernels.py: each kernel vs the roofline and its bf16 peer
 #   bench   tools/bench.py: the full-size qwen3.8-27b through the engine vs transformers
-# Logs and JSON/PNG land in $OUT.       bash tools/gpu_check.sh [tests] [quant] [gemv] [kernels] [bench]
+#   sass    the engine's NVFP4 GEMV (tiled, M <= 8, 8 warps, depth 2) disassembled: gemv_sass.txt and
+#           its instruction counts by opcode (what the arithmetic costs per tile)
+# Logs and JSON/PNG land in $OUT.       bash tools/gpu_check.sh [tests] [quant] [gemv] [kernels] [bench] [sass]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; BENCH_ARGS are passed
 # to bench.py (e.g. "--profiles nvfp4 --profile-prefill 32768"), TESTS_ARGS to pytest (e.g. "tests/kernels").
 set -uo pipefail
@@ -15,6 +17,7 @@ OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stages=${*:-tests quant kernels bench}
+GEMV_SYMBOL=_ZN11ninfer_sm904gemvINS_5Nvfp4ELb0ELi8ELi2ELb1EEEvPK13__nv_bfloat16PKhNT_4ArgsEPS2_iii
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -29,6 +32,11 @@ for stage in $stages; do
         gemv) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gemv-only --out "$OUT" 2>&1 | tee "$OUT/bench_gemv.log" | grep gemv | cut -c1-220 ;;
         kernels) timeout ${KERNELS_S:-300} python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
         bench) timeout ${BENCH_S:-420} python3 tools/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v Warning ;;
+        sass) python3 -c "from ninfer_run.kernels import cuda_ops; assert cuda_ops.available()" \
+              && cuobjdump -sass -fun "$GEMV_SYMBOL" $(find "${NINFER_CACHE:-$HOME/.cache/ninfer}" -name 'ninfer_cuda_ops*.so') \
+                 > "$OUT/gemv_sass.txt" \
+              && grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z0-9_]+' "$OUT/gemv_sass.txt" | awk '{print $NF}' \
+                 | sort | uniq -c | sort -rn | tee "$OUT/gemv_sass_counts.txt" | head -25 ;;
         *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
 done

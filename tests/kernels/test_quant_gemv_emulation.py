@@ -8,6 +8,9 @@ multiplied in float64. Equal to the reference bit for bit only if the K order of
 bit placement decodes every code and the scale handling is exact.
 """
 
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -168,3 +171,17 @@ def test_tiled_layout_is_what_the_tiled_kernel_loads():
                 got = scales[128 * (rt * t + kt) + 4 * lane : 128 * (rt * t + kt) + 4 * lane + 4]
                 want = torch.cat([sb[16 * rt + gg + 8 * h, 8 * kt + 2 * c : 8 * kt + 2 * c + 2] for h in (0, 1)])
                 assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
+def test_sm90a_gemv_compiles_and_gpu_check_names_a_kernel_it_has(tmp_path):
+    """The .cu compiles for sm_90a here (the GPU box builds it at first use), and tools/gpu_check.sh's
+    `sass` stage disassembles a kernel the build has (its mangled name changes with the template)."""
+    ptx = tmp_path / "gemv.ptx"
+    src = Path(__file__).resolve().parents[2] / "ninfer_run" / "kernels" / "csrc" / "quant_gemv_sm90.cu"
+    r = subprocess.run(["nvcc", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-ptx", str(src), "-o", str(ptx)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    script = (Path(__file__).resolve().parents[2] / "tools" / "gpu_check.sh").read_text()
+    symbol = re.search(r"^GEMV_SYMBOL=(\S+)$", script, re.M).group(1)
+    assert f".entry {symbol}(" in ptx.read_text()
