@@ -104,20 +104,21 @@ class _Running:
     generator: torch.Generator | None = None
     drafter: MTPDrafter | None = None
     hidden: torch.Tensor | None = None  # last prefill chunk's hidden states (for the MTP head)
-    # decoded while speculation was paused: (hidden state h_t, token t + 1) for the MTP head to observe
-    unobserved: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+    # verified rows the MTP head has not observed yet (after a verify, or plain steps while speculation
+    # was paused): their hidden states h_t [r, H] and the tokens t + 1 that follow them
+    unobserved: list[tuple[torch.Tensor, list[int]]] = field(default_factory=list)
 
-    def record(self, hidden_row: torch.Tensor, token: int) -> None:
-        """A plain step of a sequence with a drafter: kept for the head (hidden_row [1, H] is copied)."""
+    def record(self, hidden_rows: torch.Tensor, tokens: list[int]) -> None:
+        """Rows for the head to observe before it drafts again (copied: they may be a graph's buffers)."""
         if self.drafter is not None:
-            self.unobserved.append((hidden_row.clone(), token))
+            self.unobserved.append((hidden_rows.clone(), list(tokens)))
 
-    def catch_up(self) -> None:
-        """The head observes the tokens decoded while speculation was paused (one forward)."""
-        if self.unobserved:
-            hidden = torch.cat([h for h, _ in self.unobserved])
-            self.drafter.observe(hidden, torch.tensor([t for _, t in self.unobserved]))
-            self.unobserved.clear()
+    def take_unobserved(self) -> tuple[torch.Tensor, list[int]] | None:
+        if not self.unobserved:
+            return None
+        rows = (torch.cat([h for h, _ in self.unobserved]), [t for _, tokens in self.unobserved for t in tokens])
+        self.unobserved.clear()
+        return rows
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,7 @@ class Engine:
         self._ensure_room(run, 1)  # plain decode, one sequence (speculating ones go through _speculate)
         hidden, logits = self.model.forward(torch.tensor(run.result.tokens[-1:]), run.state, last_logits=True)
         token = next_token(logits[-1], req.params, run.generator)
-        run.record(hidden[-1:], token)
+        run.record(hidden[-1:], [token])
         self._emit(run, [token], fed=1)
 
     def _speculate(self, runs: list[_Running]) -> None:
@@ -288,8 +289,7 @@ class Engine:
             n = min(self.config.draft_tokens, run.request.max_tokens - len(run.result.tokens))
             try:
                 self._ensure_room(run, n + 1)
-                run.catch_up()
-                drafts = self.graphs.propose(run.drafter, n) if self.graphs is not None else run.drafter.propose(n)
+                drafts = self._draft(run, n)
             except PoolExhausted as e:
                 self._fail(run, e)
                 continue
@@ -302,8 +302,22 @@ class Engine:
                 new = accept(run.state, drafts, hidden, logits, run.request.params, run.generator, self.spec_stats)
                 run.result.drafted += len(drafts)
                 run.result.accepted += len(new) - 1
-                run.drafter.observe(run.state.verified_hidden, torch.tensor(new))
+                run.record(run.state.verified_hidden, new)  # observed with the next drafts
                 self._emit(run, new, fed=len(new))
+
+    def _draft(self, run: _Running, n: int) -> list[int]:
+        """The head observes what it has not seen yet, then proposes n drafts: one graphed step for
+        the rows a verify leaves (up to draft_tokens + 1); a longer backlog (after a pause) first in one
+        eager forward."""
+        rows = run.take_unobserved()
+        if self.graphs is None:
+            if rows is not None:
+                run.drafter.observe(rows[0], torch.tensor(rows[1]))
+            return run.drafter.propose(n)
+        if rows is not None and len(rows[1]) > self.config.draft_tokens + 1:
+            run.drafter.observe(rows[0], torch.tensor(rows[1]))
+            rows = None
+        return self.graphs.propose(run.drafter, n, observe=rows)
 
     def _emit(self, run: _Running, new: list[int], fed: int) -> None:
         """Append sampled tokens, stopping at a stop token/callback or max_tokens. `fed` is how many
@@ -346,7 +360,7 @@ class Engine:
             hidden, logits = self.model.decode_batch_rows(torch.tensor(tokens), states)
         for b, (run, row) in enumerate(zip(ready, logits)):
             token = next_token(row, run.request.params, run.generator)
-            run.record(hidden[b : b + 1], token)
+            run.record(hidden[b : b + 1], [token])
             self._emit(run, [token], fed=1)
 
     def _fail(self, run: _Running, error: Exception) -> None:

@@ -69,52 +69,78 @@ class _Bucket:
 
 
 class _Drafts:
-    """One draft count n: the MTP head's n - 1 chained forwards (each fed the previous argmax on the
-    device) as one step. Inputs: the last observed hidden state and logits, and per forward its
-    position, KV slot and length; output: the n draft tokens."""
+    """One (observed rows k, draft count n) shape: the MTP head first observes the k verified rows the
+    last step left (hidden states and their successor tokens; k = 0: none, it starts from the last
+    observed hidden state and logits), then runs its n - 1 chained draft forwards (each fed the
+    previous argmax on the device), as one step. Inputs: per row its position, KV slot and length;
+    outputs: the n drafts, and the head's hidden state and logits after the observed rows."""
 
-    def __init__(self, n: int, pool: BlockPool, hidden: int, vocab: int, dtype: torch.dtype, device):
-        self.n = n
+    def __init__(self, k: int, n: int, pool: BlockPool, hidden: int, vocab: int, dtype: torch.dtype, device):
+        self.k, self.n = k, n
         self.batch = StaticBatch(1, pool, {-1: 0}, None, device)  # the head's pool, its one layer
-        self.hidden = torch.zeros(1, hidden, dtype=dtype, device=device)
+        self.observed = StaticBatch(1, pool, {-1: 0}, None, device, q_len=k) if k else None
+        self.hidden = torch.zeros(max(k, 1), hidden, dtype=dtype, device=device)  # observed rows (or the last)
         self.logits = torch.zeros(vocab, dtype=dtype, device=device)
         long = dict(dtype=torch.long, device=device)
-        self.positions, self.kv_slots = torch.zeros(n - 1, **long), torch.zeros(n - 1, **long)
-        self.lens = torch.zeros(n - 1, dtype=torch.int32, device=device)
+        rows = k + n - 1  # observed, then drafted
+        self.positions, self.kv_slots = torch.zeros(rows, **long), torch.zeros(rows, **long)
+        self.lens = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.tokens = torch.zeros(max(k, 1), **long)
         self.drafts = torch.zeros(n, **long)
+        self.out: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden [1, H], logits [V]) after observing
         self.graph: torch.cuda.CUDAGraph | None = None
         pin = self.drafts.is_cuda  # the host images the copies read without waiting
-        self.host_rows = torch.zeros(2, n - 1, dtype=torch.long, pin_memory=pin)
-        self.host_lens = torch.zeros(n - 1, dtype=torch.int32, pin_memory=pin)
+        self.host_rows = torch.zeros(2, rows, dtype=torch.long, pin_memory=pin)  # positions, KV slots
+        self.host_lens = torch.zeros(rows, dtype=torch.int32, pin_memory=pin)
+        self.host_tokens = torch.zeros(max(k, 1), dtype=torch.long, pin_memory=pin)
         self.host_table = torch.zeros(1, pool.num_blocks, dtype=torch.int32, pin_memory=pin)
 
-    def stage(self, drafter) -> None:
+    def stage(self, drafter, observe: tuple[torch.Tensor, list[int]] | None) -> None:
         st = drafter.state
         start, blocks, offset = st.length, st.kv.blocks, st.position_offset
-        self.hidden.copy_(drafter.hidden)
-        self.logits.copy_(drafter.logits)
-        self.host_rows.copy_(torch.tensor([list(range(start + offset, start + offset + self.n - 1)),
-                                           [st.kv.slot(start + s) for s in range(self.n - 1)]]))
-        self.host_lens.copy_(torch.tensor(range(start + 1, start + self.n), dtype=torch.int32))
+        rows = range(start, start + self.k + self.n - 1)
+        if observe is not None:
+            self.hidden.copy_(observe[0])
+            self.host_tokens.copy_(torch.tensor(observe[1]))
+            self.tokens.copy_(self.host_tokens, non_blocking=True)
+        else:
+            self.hidden.copy_(drafter.hidden)
+            self.logits.copy_(drafter.logits)
+        self.host_rows.copy_(torch.tensor([[p + offset for p in rows], [st.kv.slot(p) for p in rows]]))
+        self.host_lens.copy_(torch.tensor([p + 1 for p in rows], dtype=torch.int32))
         self.host_table[0, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
         for dst, src in ((self.positions, self.host_rows[0]), (self.kv_slots, self.host_rows[1]),
                          (self.lens, self.host_lens), (self.batch.tables, self.host_table)):
             dst.copy_(src, non_blocking=True)
+        if self.observed is not None:
+            self.observed.tables.copy_(self.batch.tables)
 
-    def run(self, model) -> None:
-        """The draft loop, on device tensors only (what the graph captures)."""
+    def run(self, model) -> tuple[torch.Tensor, torch.Tensor]:
+        """Observe, then draft, on device tensors only (what the graph captures) -> the head's (hidden,
+        logits) after the observed rows."""
+        hidden, logits = self.hidden[-1:], self.logits
+        if self.observed is not None:
+            o = self.observed
+            o.tokens.copy_(self.tokens)
+            o.positions.copy_(self.positions[: self.k])
+            o.kv_slots.copy_(self.kv_slots[: self.k])
+            o.lens.copy_(self.lens[self.k - 1 : self.k])
+            d, lg = model.mtp_rows(self.hidden, o.tokens, o)
+            hidden, logits = d[-1:], lg[-1]
         b = self.batch
-        token = self.logits.argmax(-1, keepdim=True)
+        token = logits.argmax(-1, keepdim=True)
         self.drafts[:1].copy_(token)
-        hidden = self.hidden
+        after = (hidden, logits)
         for s in range(self.n - 1):
+            row = self.k + s
             b.tokens.copy_(token)
-            b.positions.copy_(self.positions[s : s + 1])
-            b.kv_slots.copy_(self.kv_slots[s : s + 1])
-            b.lens.copy_(self.lens[s : s + 1])
-            hidden, logits = model.mtp_rows(hidden, b.tokens, b)
-            token = logits[-1].argmax(-1, keepdim=True)
+            b.positions.copy_(self.positions[row : row + 1])
+            b.kv_slots.copy_(self.kv_slots[row : row + 1])
+            b.lens.copy_(self.lens[row : row + 1])
+            hidden, lg = model.mtp_rows(hidden, b.tokens, b)
+            token = lg[-1].argmax(-1, keepdim=True)
             self.drafts[s + 1 : s + 2].copy_(token)
+        return after
 
 
 class GraphedDecoder:
@@ -126,7 +152,7 @@ class GraphedDecoder:
                  draft_tokens: int = 0, mtp_pool: BlockPool | None = None):
         self.model, self.pool, self.layers, self.max_batch = model, pool, layers, max_batch
         self.dtype, self.mtp_pool = dtype, mtp_pool
-        self.drafts: dict[int, _Drafts] = {}
+        self.drafts: dict[tuple[int, int], _Drafts] = {}  # by (observed rows, drafts)
         self.device = pool.k.device
         self.capture = self.device.type == "cuda"
         shapes = model.gdn_state_shapes(dtype)
@@ -185,23 +211,31 @@ class GraphedDecoder:
             out.append((hidden[b * t : (b + 1) * t], logits[b * t : (b + 1) * t]))
         return out
 
-    def propose(self, drafter, n: int) -> list[int]:
-        """`drafter.propose(n)`, its n - 1 head forwards captured as one graph per n."""
-        if n < 2 or self.mtp_pool is None or drafter.state.mm is not None:
+    def propose(self, drafter, n: int, observe: tuple[torch.Tensor, list[int]] | None = None) -> list[int]:
+        """`drafter.observe(*observe)` (if given: the verified hidden rows [k, H] and their successor
+        tokens), then `drafter.propose(n)`, captured as one graph per (k, n)."""
+        k = 0 if observe is None else len(observe[1])
+        if (n < 2 and not k) or self.mtp_pool is None or drafter.state.mm is not None:
+            if observe is not None:
+                drafter.observe(observe[0], torch.tensor(observe[1]))
             return drafter.propose(n)
-        drafter.state.kv.reserve(drafter.state.length + n - 1)
-        if n not in self.drafts:
+        drafter.state.kv.reserve(drafter.state.length + k + n - 1)
+        if (k, n) not in self.drafts:
             c = self.model.cfg
-            self.drafts[n] = _Drafts(n, self.mtp_pool, c.hidden_size, c.vocab_size, self.dtype, self.device)
-        d = self.drafts[n]
-        d.stage(drafter)
+            self.drafts[(k, n)] = _Drafts(k, n, self.mtp_pool, c.hidden_size, c.vocab_size, self.dtype, self.device)
+        d = self.drafts[(k, n)]
+        d.stage(drafter, observe)
         if self.capture and d.graph is None:
-            d.graph, _ = self._captured(lambda: d.run(self.model))  # writes speculative KV slots only
+            d.graph, d.out = self._captured(lambda: d.run(self.model))  # writes the head's own new KV slots only
         if d.graph is not None:
             d.graph.replay()
             self.replays += 1
+            after = d.out
         else:
-            d.run(self.model)
+            after = d.run(self.model)
+        if k:  # the head has observed the rows: its state and last hidden state / logits move on
+            drafter.state.length += k
+            drafter.hidden, drafter.logits = after[0].clone(), after[1].clone()
         return d.drafts.tolist()
 
     def _captured(self, fn):

@@ -143,7 +143,33 @@ def test_static_drafts_equal_the_heads_proposals(tiny_model):
         static = decoder.propose(drafter, n)
         assert static == drafter.propose(n) and len(static) == n
         drafter.observe(hidden[-1:], torch.tensor(static[:1]))  # the next position, as after a verify
-    assert set(decoder.drafts) == {2, 3}
+    assert set(decoder.drafts) == {(0, 2), (0, 3)}
+
+
+def test_static_observe_and_drafts_equal_the_heads(tiny_model):
+    """The head observing a verify's k rows and drafting n, as one static step, does what its eager
+    observe() then propose() do: same drafts, same state, same last hidden state and logits."""
+    from ninfer_run.spec import MTPDrafter
+
+    model = tiny_model("tiny-qwen3.5")
+    c = model.cfg
+    pools = [BlockPool(KVLayout(1, c.num_kv_heads, c.head_dim, 16, "int8"), 40) for _ in range(2)]
+    pool, layers, _ = _setup(model, max_batch=1)
+    decoder = GraphedDecoder(model, pool, layers, 1, model.dtype, draft_tokens=3, mtp_pool=pools[0])
+    static, eager = (MTPDrafter(model, PagedKV(p, {-1: 0})) for p in pools)
+    sequence = torch.tensor(_prompts(1, seed=14, length=60)[0])
+    hidden, _ = model.forward(sequence, SequenceState())
+    at = 20
+    for drafter in (static, eager):
+        drafter.observe(hidden[: at - 1], sequence[1:at])
+    for k, n in ((1, 3), (4, 3), (2, 1), (3, 2), (1, 3)):  # a verify leaves k rows (accepted drafts + 1)
+        rows = (hidden[at - 1 : at - 1 + k], sequence[at : at + k].tolist())
+        got = decoder.propose(static, n, observe=rows)
+        eager.observe(rows[0], torch.tensor(rows[1]))
+        assert got == eager.propose(n) and static.state.length == eager.state.length
+        assert torch.allclose(static.logits, eager.logits, atol=1e-5) and torch.allclose(static.hidden, eager.hidden, atol=1e-5)
+        at += k
+    assert set(decoder.drafts) == {(1, 3), (4, 3), (2, 1), (3, 2)}
 
 
 def test_engine_with_static_decode_matches_eager(tiny_model):
