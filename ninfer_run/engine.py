@@ -178,7 +178,7 @@ class Engine:
         self.graphs: GraphedDecoder | None = None  # set by build_engine where decode steps are captured
         # the target forward of speculative verifies: (token lists, states) -> [(hidden, logits)] per
         # sequence; one at a time here, all in one graphed forward with graphs (verify_batch)
-        self.verify_rows = lambda token_lists, states: [model.forward(torch.tensor(tokens), state)
+        self.verify_rows = lambda token_lists, states: [model.forward(tokens, state)
                                                         for tokens, state in zip(token_lists, states)]
 
     # -- requests ------------------------------------------------------------------------------
@@ -284,40 +284,39 @@ class Engine:
         """One speculative step of every run: each proposes its drafts, then the target verifies them,
         those with as many drafts in one forward (verify_rows: graphed, the weights read once for all
         of them), and each keeps its accepted prefix and one more token."""
-        by_count: dict[int, list[tuple[_Running, list[int]]]] = {}
+        by_count: dict[int, list[tuple[_Running, torch.Tensor]]] = {}
         for run in runs:
             n = min(self.config.draft_tokens, run.request.max_tokens - len(run.result.tokens))
             try:
                 self._ensure_room(run, n + 1)
-                drafts = self._draft(run, n)
+                tokens = self._draft(run, n)  # [last, *drafts]: on the device when graphed
             except PoolExhausted as e:
                 self._fail(run, e)
                 continue
-            by_count.setdefault(n, []).append((run, drafts))
+            by_count.setdefault(n, []).append((run, tokens))
         for group in by_count.values():
             states = [run.state for run, _ in group]
             with keeping_steps(states):
-                rows = self.verify_rows([[run.result.tokens[-1], *drafts] for run, drafts in group], states)
-            for (run, drafts), (hidden, logits) in zip(group, rows):
+                rows = self.verify_rows([tokens for _, tokens in group], states)
+            for (run, tokens), (hidden, logits) in zip(group, rows):
+                drafts = tokens[1:]
                 new = accept(run.state, drafts, hidden, logits, run.request.params, run.generator, self.spec_stats)
                 run.result.drafted += len(drafts)
                 run.result.accepted += len(new) - 1
                 run.record(run.state.verified_hidden, new)  # observed with the next drafts
                 self._emit(run, new, fed=len(new))
 
-    def _draft(self, run: _Running, n: int) -> list[int]:
-        """The head observes what it has not seen yet, then proposes n drafts: one graphed step for
-        the rows a verify leaves (up to draft_tokens + 1); a longer backlog (after a pause) first in one
-        eager forward."""
-        rows = run.take_unobserved()
-        if self.graphs is None:
-            if rows is not None:
-                run.drafter.observe(rows[0], torch.tensor(rows[1]))
-            return run.drafter.propose(n)
-        if rows is not None and len(rows[1]) > self.config.draft_tokens + 1:
+    def _draft(self, run: _Running, n: int) -> torch.Tensor:
+        """The head observes what it has not seen yet, then proposes n drafts -> the verify's tokens
+        [last, *drafts]. Graphed: one step for the rows a verify leaves (up to draft_tokens + 1; a
+        longer backlog, after a pause, first in one eager forward), its tokens left on the device."""
+        rows, last = run.take_unobserved(), run.result.tokens[-1]
+        if rows is not None and (self.graphs is None or len(rows[1]) > self.config.draft_tokens + 1):
             run.drafter.observe(rows[0], torch.tensor(rows[1]))
             rows = None
-        return self.graphs.propose(run.drafter, n, observe=rows)
+        if self.graphs is None:
+            return torch.tensor([last, *run.drafter.propose(n)])
+        return self.graphs.propose_tokens(run.drafter, n, last, observe=rows)
 
     def _emit(self, run: _Running, new: list[int], fed: int) -> None:
         """Append sampled tokens, stopping at a stop token/callback or max_tokens. `fed` is how many

@@ -41,8 +41,9 @@ class _Bucket:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden, logits) the graph writes
 
-    def stage(self, tokens: list[int], states: list[SequenceState], slots: list[int]) -> None:
-        """Write the step's rows (q_len tokens of each sequence) into the host image, copy it over."""
+    def stage(self, tokens: list[int] | torch.Tensor, states: list[SequenceState], slots: list[int]) -> None:
+        """Write the step's rows (q_len tokens of each sequence) into the host image, copy it over.
+        Tokens as a tensor (a verify's, drafted on the device) are copied as they are: no host wait."""
         t = self.batch.q_len
         positions, kv_slots, tables_changed = [], [], False
         for b, st in enumerate(states):
@@ -53,12 +54,13 @@ class _Bucket:
                 self.table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
                 self.owners[b] = (id(st), list(blocks))
                 tables_changed = True
-        self.rows.copy_(torch.tensor([tokens, positions, kv_slots]))  # one host tensor per step, not one per row
+        on_device = isinstance(tokens, torch.Tensor)
+        self.rows.copy_(torch.tensor([[0] * len(positions) if on_device else tokens, positions, kv_slots]))
         self.slots.copy_(torch.tensor(slots))
         self.lens.copy_(torch.tensor([st.length + t for st in states], dtype=torch.int32))
         batch = self.batch
-        for dst, src in ((batch.tokens, self.rows[0]), (batch.positions, self.rows[1]), (batch.kv_slots, self.rows[2]),
-                         (batch.state_slots, self.slots), (batch.lens, self.lens)):
+        for dst, src in ((batch.tokens, tokens if on_device else self.rows[0]), (batch.positions, self.rows[1]),
+                         (batch.kv_slots, self.rows[2]), (batch.state_slots, self.slots), (batch.lens, self.lens)):
             dst.copy_(src, non_blocking=True)
         if tables_changed:
             batch.tables.copy_(self.table, non_blocking=True)
@@ -86,23 +88,30 @@ class _Drafts:
         self.positions, self.kv_slots = torch.zeros(rows, **long), torch.zeros(rows, **long)
         self.lens = torch.zeros(rows, dtype=torch.int32, device=device)
         self.tokens = torch.zeros(max(k, 1), **long)
-        self.drafts = torch.zeros(n, **long)
+        self.drafts = torch.zeros(n + 1, **long)  # the verify's tokens: the last accepted one, then the drafts
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden [1, H], logits [V]) after observing
         self.graph: torch.cuda.CUDAGraph | None = None
         pin = self.drafts.is_cuda  # the host images the copies read without waiting
         self.host_rows = torch.zeros(2, rows, dtype=torch.long, pin_memory=pin)  # positions, KV slots
         self.host_lens = torch.zeros(rows, dtype=torch.int32, pin_memory=pin)
-        self.host_tokens = torch.zeros(max(k, 1), dtype=torch.long, pin_memory=pin)
+        self.host_tokens = torch.zeros(max(k, 1) + 1, dtype=torch.long, pin_memory=pin)  # observed, then the last
         self.host_table = torch.zeros(1, pool.num_blocks, dtype=torch.int32, pin_memory=pin)
+        # the host images are rewritten only once the last copies out of them ran (nothing else waits
+        # between two sequences' drafts now)
+        self.copied = torch.cuda.Event() if pin else None
 
-    def stage(self, drafter, observe: tuple[torch.Tensor, list[int]] | None) -> None:
+    def stage(self, drafter, observe: tuple[torch.Tensor, list[int]] | None, last: int) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()
         st = drafter.state
         start, blocks, offset = st.length, st.kv.blocks, st.position_offset
         rows = range(start, start + self.k + self.n - 1)
+        self.host_tokens[-1] = last
+        self.drafts[:1].copy_(self.host_tokens[-1:], non_blocking=True)
         if observe is not None:
             self.hidden.copy_(observe[0])
-            self.host_tokens.copy_(torch.tensor(observe[1]))
-            self.tokens.copy_(self.host_tokens, non_blocking=True)
+            self.host_tokens[: self.k] = torch.tensor(observe[1])
+            self.tokens.copy_(self.host_tokens[: self.k], non_blocking=True)
         else:
             self.hidden.copy_(drafter.hidden)
             self.logits.copy_(drafter.logits)
@@ -114,6 +123,8 @@ class _Drafts:
             dst.copy_(src, non_blocking=True)
         if self.observed is not None:
             self.observed.tables.copy_(self.batch.tables)
+        if self.copied is not None:
+            self.copied.record()
 
     def run(self, model) -> tuple[torch.Tensor, torch.Tensor]:
         """Observe, then draft, on device tensors only (what the graph captures) -> the head's (hidden,
@@ -129,7 +140,7 @@ class _Drafts:
             hidden, logits = d[-1:], lg[-1]
         b = self.batch
         token = logits.argmax(-1, keepdim=True)
-        self.drafts[:1].copy_(token)
+        self.drafts[1:2].copy_(token)
         after = (hidden, logits)
         for s in range(self.n - 1):
             row = self.k + s
@@ -139,7 +150,7 @@ class _Drafts:
             b.lens.copy_(self.lens[row : row + 1])
             hidden, lg = model.mtp_rows(hidden, b.tokens, b)
             token = lg[-1].argmax(-1, keepdim=True)
-            self.drafts[s + 1 : s + 2].copy_(token)
+            self.drafts[s + 2 : s + 3].copy_(token)
         return after
 
 
@@ -187,23 +198,25 @@ class GraphedDecoder:
         (views of the sequence's slot) for the rollback."""
         if not self._verifiable(state, tokens.shape[0]):
             return self.model.forward(tokens, state)
-        return self._verify([tokens.tolist()], [state])[0]
+        return self._verify([tokens], [state])[0]
 
-    def verify_batch(self, token_lists: list[list[int]], states: list[SequenceState]):
+    def verify_batch(self, token_lists: list[torch.Tensor], states: list[SequenceState]):
         """`verify` for several sequences at once: one forward (the weights read once for all of them)
-        when they verify the same number of tokens -> [(hidden, logits)] per sequence."""
+        when they verify the same number of tokens -> [(hidden, logits)] per sequence. Tokens: long
+        tensors, host or device (propose_tokens')."""
         t = len(token_lists[0])
         if len(states) <= self.max_batch and all(len(x) == t and self._verifiable(st, t)
                                                  for x, st in zip(token_lists, states)):
             return self._verify(token_lists, states)
-        return [self.verify(torch.tensor(x), st) for x, st in zip(token_lists, states)]
+        return [self.verify(x, st) for x, st in zip(token_lists, states)]
 
     def _verifiable(self, state: SequenceState, tokens: int) -> bool:
         return state.mm is None and state.keep_steps and (self.slab is None or self.slab.steps >= tokens)
 
-    def _verify(self, token_lists: list[list[int]], states: list[SequenceState]):
+    def _verify(self, token_lists: list[torch.Tensor], states: list[SequenceState]):
         t = len(token_lists[0])
-        hidden, logits = self._step([token for tokens in token_lists for token in tokens], states, t)
+        tokens = torch.cat([x.to(self.device, non_blocking=True) for x in token_lists])
+        hidden, logits = self._step(tokens, states, t)
         out = []
         for b, st in enumerate(states):
             if self.slab is not None:
@@ -214,17 +227,22 @@ class GraphedDecoder:
     def propose(self, drafter, n: int, observe: tuple[torch.Tensor, list[int]] | None = None) -> list[int]:
         """`drafter.observe(*observe)` (if given: the verified hidden rows [k, H] and their successor
         tokens), then `drafter.propose(n)`, captured as one graph per (k, n)."""
+        return self.propose_tokens(drafter, n, 0, observe)[1:].tolist()
+
+    def propose_tokens(self, drafter, n: int, last: int, observe: tuple[torch.Tensor, list[int]] | None = None):
+        """propose, as the verify's tokens: [last, *drafts], a long tensor left on the device (read
+        with the verify's result, not before it is launched)."""
         k = 0 if observe is None else len(observe[1])
         if (n < 2 and not k) or self.mtp_pool is None or drafter.state.mm is not None:
             if observe is not None:
                 drafter.observe(observe[0], torch.tensor(observe[1]))
-            return drafter.propose(n)
+            return torch.tensor([last, *drafter.propose(n)])
         drafter.state.kv.reserve(drafter.state.length + k + n - 1)
         if (k, n) not in self.drafts:
             c = self.model.cfg
             self.drafts[(k, n)] = _Drafts(k, n, self.mtp_pool, c.hidden_size, c.vocab_size, self.dtype, self.device)
         d = self.drafts[(k, n)]
-        d.stage(drafter, observe)
+        d.stage(drafter, observe, last)
         if self.capture and d.graph is None:
             d.graph, d.out = self._captured(lambda: d.run(self.model))  # writes the head's own new KV slots only
         if d.graph is not None:
@@ -236,7 +254,7 @@ class GraphedDecoder:
         if k:  # the head has observed the rows: its state and last hidden state / logits move on
             drafter.state.length += k
             drafter.hidden, drafter.logits = after[0].clone(), after[1].clone()
-        return d.drafts.tolist()
+        return d.drafts.clone()  # the next replay of this shape rewrites the buffer
 
     def _captured(self, fn):
         """fn warmed up twice on a side stream (Triton compiles, cuBLAS picks its kernels), then
@@ -258,7 +276,7 @@ class GraphedDecoder:
             self.capture = False
             return None, None
 
-    def _step(self, tokens: list[int], states: list[SequenceState], q_len: int):
+    def _step(self, tokens: list[int] | torch.Tensor, states: list[SequenceState], q_len: int):
         for st in states:
             st.kv.reserve(st.length + q_len)
         slots = [self.attach(st) for st in states]

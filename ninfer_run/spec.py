@@ -132,13 +132,19 @@ def keeping_steps(states: list[SequenceState]):
             state.keep_steps = False
 
 
-def accept(state: SequenceState, drafts: list[int], hidden: torch.Tensor, logits: torch.Tensor,
+def accept(state: SequenceState, drafts: list[int] | torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
            params: SamplingParams, gen: torch.Generator | None, stats: SpecStats) -> list[int]:
     """The verify forward's rows (hidden, logits of [last, *drafts]) -> the accepted drafts and one
-    more token; rolls `state` back to them (its per-token GDN states) and keeps their hidden states."""
+    more token; rolls `state` back to them (its per-token GDN states) and keeps their hidden states.
+    `drafts` may still be on the device (graphed drafting): read here, with the argmaxes."""
     new: list[int] = []
-    # greedy: every row's argmax in one device-to-host read, not one per draft
-    argmax = logits[: len(drafts) + 1].argmax(-1).tolist() if params.greedy else None
+    n = len(drafts)
+    argmax = None
+    if params.greedy:  # the drafts and every row's argmax in one device-to-host read, not one per draft
+        both = torch.cat([torch.as_tensor(drafts, device=logits.device), logits[: n + 1].argmax(-1)]).tolist()
+        drafts, argmax = both[:n], both[n:]
+    elif isinstance(drafts, torch.Tensor):
+        drafts = drafts.tolist()
     for j, d in enumerate(drafts):
         if argmax is not None:  # no randomness at all: accept iff the draft is the argmax
             token = argmax[j]

@@ -113,7 +113,7 @@ def test_static_verify_equals_forward_and_rolls_back(tiny_model, sequences):
         model.forward(torch.tensor(p), b)
     for keep, tokens in ((2, [5, 6, 7, 8]), (4, [9, 10, 11, 12]), (1, [13, 14, 15]), (3, [16, 17, 18])):
         lists = [[t + 20 * b for t in tokens] for b in range(sequences)]
-        got = decoder.verify_batch(lists, static)
+        got = decoder.verify_batch([torch.tensor(x) for x in lists], static)
         for b, ((hidden, logits), a, st) in enumerate(zip(got, eager, static)):
             want_hidden, want_logits = model.forward(torch.tensor(lists[b]), a)
             assert _rel(hidden, want_hidden) < 1e-3 and _rel(logits, want_logits) < 1e-3
