@@ -80,7 +80,21 @@ class Model(CausalLM):
 
     def __init__(self, config: dict, entry: dict, weights: dict[str, torch.Tensor]):
         self.cfg = HybridConfig.from_config(config, entry["layer_pattern"])
-        self.w = weights
+        self.w = dict(weights)  # our own name -> tensor map (_fuse_gate_inputs re-points entries)
+        self.gate_inputs = self._fuse_gate_inputs()
+
+    def _fuse_gate_inputs(self) -> dict[int, torch.Tensor]:
+        """Each GDN layer's in_proj_a and in_proj_b (both read x; tiny, kept in bf16) as one weight: one
+        matmul per layer and step instead of two (at decode each is a split-K GEMV plus its reduce).
+        The HF names stay, as views of it (no second copy)."""
+        fused = {}
+        for i, kind in enumerate(self.cfg.layer_types):
+            names = [f"{self.prefix}layers.{i}.linear_attn.in_proj_{x}.weight" for x in "ab"]
+            a, b = (self.w.get(name) for name in names)
+            if kind == "linear_attention" and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                fused[i] = torch.cat((a, b))
+                self.w[names[0]], self.w[names[1]] = fused[i].split(a.shape[0])
+        return fused
 
     def _p(self, name: str) -> torch.Tensor:
         return self.w[self.prefix + name]
@@ -90,8 +104,11 @@ class Model(CausalLM):
         t = x.shape[0]
         qkv = linear(x, self._p(p + "in_proj_qkv.weight"))
         z = linear(x, self._p(p + "in_proj_z.weight")).view(t, c.v_heads, c.v_dim)
-        g, beta = gates(linear(x, self._p(p + "in_proj_a.weight")), linear(x, self._p(p + "in_proj_b.weight")),
-                        self._p(p + "A_log"), self._p(p + "dt_bias"))
+        if i in self.gate_inputs:
+            a, b = linear(x, self.gate_inputs[i]).split(c.v_heads, dim=-1)
+        else:  # quantized (a profile that quantizes them)
+            a, b = linear(x, self._p(p + "in_proj_a.weight")), linear(x, self._p(p + "in_proj_b.weight"))
+        g, beta = gates(a, b, self._p(p + "A_log"), self._p(p + "dt_bias"))
         if isinstance(segments, StaticBatch):
             out = segments.gdn(i, qkv, g, beta, self._gdn_step)
         elif len(segments) > 1 and all(n == 1 for _, n in segments):
