@@ -100,8 +100,10 @@ def test_expressions_are_the_kernels():
                  ": q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile",
                  "const uint8_t* wh_lane = kTiled ? wg_lane + 512 : wg_lane + (size_t)8 * (K / 2);",
                  "const int token = 8 * th + 2 * c + (i & 1), row = n0 + g + 8 * (i >> 1);",
-                 "bf16x2_mul(h ? fp4_pair<2>(vg) : fp4_pair<0>(vg), sg[t >> 1]),",
-                 "bf16x2_mul(h ? fp4_pair<3>(vh) : fp4_pair<1>(vh), sh[t >> 1])};",
+                 "a[0] = bf16x2_mul(h ? fp4_pair<2>(vg) : fp4_pair<0>(vg), sg[t >> 1]);",
+                 "a[3] = bf16x2_mul(h ? fp4_pair<3>(vh) : fp4_pair<1>(vh), sh[t >> 1]);",
+                 "a[1] = bf16x2_sub(h ? int4_pair<2>(vh) : int4_pair<0>(vh), ah.zero);",
+                 "x_pair(b0, b1, xl[t], h);", "mma_bf16(acc[0][t & 1], a, b0, b1);",
                  "a.scale + (size_t)row * (K / 16) + kt * 8 + 2 * c",
                  "(static_cast<uint32_t>(a.zero[(size_t)(row / 8) * groups + kt]) >> (4 * (row % 8))) & 15u",
                  "(part[th][0][i] + part[th][1][i]) * (i < 2 ? ag.scale : ah.scale)"):

@@ -108,6 +108,29 @@ __device__ __forceinline__ void x_pair(uint32_t& even, uint32_t& odd, const uint
   odd = permute(lo, hi, 0x7632u);
 }
 
+// A tile's eight MMAs, the same for every codec: MMA (t, h) takes A's registers from
+// a_regs(t, h, a) (the codec's decode of word t of rows g and g + 8, see the top) and B's from x,
+// token half th into acc[th][t & 1] (two dependency chains).
+template <bool kHighTokens, class ARegs>
+__device__ __forceinline__ void tile_mmas(float (&acc)[2][2][4], const uint4 (&xl)[4], const uint4 (&xh)[4],
+                                          ARegs a_regs) {
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t a[4];
+      a_regs(t, h, a);
+      uint32_t b0, b1;
+      x_pair(b0, b1, xl[t], h);
+      mma_bf16(acc[0][t & 1], a, b0, b1);
+      if (kHighTokens) {
+        x_pair(b0, b1, xh[t], h);
+        mma_bf16(acc[1][t & 1], a, b0, b1);
+      }
+    }
+  }
+}
+
 // A's registers for MMA (t, h) are made by the codec from word t of the lane's 16 bytes of each row.
 struct Nvfp4 {
   struct Args {
@@ -126,24 +149,13 @@ struct Nvfp4 {
                                 const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
     const uint32_t sg[2] = {scale_pair(ag.scales & 0xFFu), scale_pair(ag.scales >> 8)};
     const uint32_t sh[2] = {scale_pair(ah.scales & 0xFFu), scale_pair(ah.scales >> 8)};
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
+    tile_mmas<kHighTokens>(d, xl, xh, [&](int t, int h, uint32_t (&a)[4]) {
       const uint32_t vg = word(wg, t), vh = word(wh, t);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t a[4] = {bf16x2_mul(h ? fp4_pair<2>(vg) : fp4_pair<0>(vg), sg[t >> 1]),
-                               bf16x2_mul(h ? fp4_pair<2>(vh) : fp4_pair<0>(vh), sh[t >> 1]),
-                               bf16x2_mul(h ? fp4_pair<3>(vg) : fp4_pair<1>(vg), sg[t >> 1]),
-                               bf16x2_mul(h ? fp4_pair<3>(vh) : fp4_pair<1>(vh), sh[t >> 1])};
-        uint32_t b0, b1;
-        x_pair(b0, b1, xl[t], h);
-        mma_bf16(d[0][t & 1], a, b0, b1);
-        if (kHighTokens) {
-          x_pair(b0, b1, xh[t], h);
-          mma_bf16(d[1][t & 1], a, b0, b1);
-        }
-      }
-    }
+      a[0] = bf16x2_mul(h ? fp4_pair<2>(vg) : fp4_pair<0>(vg), sg[t >> 1]);
+      a[1] = bf16x2_mul(h ? fp4_pair<2>(vh) : fp4_pair<0>(vh), sh[t >> 1]);
+      a[2] = bf16x2_mul(h ? fp4_pair<3>(vg) : fp4_pair<1>(vg), sg[t >> 1]);
+      a[3] = bf16x2_mul(h ? fp4_pair<3>(vh) : fp4_pair<1>(vh), sh[t >> 1]);
+    });
   }
   __device__ static float out_scale(const Args& a) { return a.s2[0] * 0x1p26f; }
 };
@@ -180,24 +192,13 @@ struct Int4 {
   __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
                                 const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
     float part[2][2][4] = {};
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
+    tile_mmas<kHighTokens>(part, xl, xh, [&](int t, int h, uint32_t (&a)[4]) {
       const uint32_t vg = word(wg, t), vh = word(wh, t);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t a[4] = {bf16x2_sub(h ? int4_pair<2>(vg) : int4_pair<0>(vg), ag.zero),
-                               bf16x2_sub(h ? int4_pair<2>(vh) : int4_pair<0>(vh), ah.zero),
-                               bf16x2_sub(h ? int4_pair<3>(vg) : int4_pair<1>(vg), ag.zero),
-                               bf16x2_sub(h ? int4_pair<3>(vh) : int4_pair<1>(vh), ah.zero)};
-        uint32_t b0, b1;
-        x_pair(b0, b1, xl[t], h);
-        mma_bf16(part[0][t & 1], a, b0, b1);
-        if (kHighTokens) {
-          x_pair(b0, b1, xh[t], h);
-          mma_bf16(part[1][t & 1], a, b0, b1);
-        }
-      }
-    }
+      a[0] = bf16x2_sub(h ? int4_pair<2>(vg) : int4_pair<0>(vg), ag.zero);
+      a[1] = bf16x2_sub(h ? int4_pair<2>(vh) : int4_pair<0>(vh), ah.zero);
+      a[2] = bf16x2_sub(h ? int4_pair<3>(vg) : int4_pair<1>(vg), ag.zero);
+      a[3] = bf16x2_sub(h ? int4_pair<3>(vh) : int4_pair<1>(vh), ah.zero);
+    });
 #pragma unroll
     for (int th = 0; th < (kHighTokens ? 2 : 1); ++th)
 #pragma unroll
