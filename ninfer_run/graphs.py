@@ -87,7 +87,6 @@ class _Drafts:
         rows = k + n - 1  # observed, then drafted
         self.positions, self.kv_slots = torch.zeros(rows, **long), torch.zeros(rows, **long)
         self.lens = torch.zeros(rows, dtype=torch.int32, device=device)
-        self.tokens = torch.zeros(max(k, 1), **long)
         self.drafts = torch.zeros(n + 1, **long)  # the verify's tokens: the last accepted one, then the drafts
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden [1, H], logits [V]) after observing
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -111,7 +110,7 @@ class _Drafts:
         if observe is not None:
             self.hidden.copy_(observe[0])
             self.host_tokens[: self.k] = torch.tensor(observe[1])
-            self.tokens.copy_(self.host_tokens[: self.k], non_blocking=True)
+            self.observed.tokens.copy_(self.host_tokens[: self.k], non_blocking=True)
         else:
             self.hidden.copy_(drafter.hidden)
             self.logits.copy_(drafter.logits)
@@ -132,7 +131,6 @@ class _Drafts:
         hidden, logits = self.hidden[-1:], self.logits
         if self.observed is not None:
             o = self.observed
-            o.tokens.copy_(self.tokens)
             o.positions.copy_(self.positions[: self.k])
             o.kv_slots.copy_(self.kv_slots[: self.k])
             o.lens.copy_(self.lens[self.k - 1 : self.k])

@@ -24,6 +24,7 @@ triton.testing.do_bench. JSON + PNG to --out; a table of ratios last.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -96,6 +97,7 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+@functools.cache
 def _read_floor():
     """tools/csrc/gemv_read_floor.cu built (the GEMV's loads without its arithmetic) -> its function."""
     from torch.utils.cpp_extension import load_inline

@@ -4,7 +4,8 @@ Few rows (decode, MTP verification: T <= 16) run the GEMV kernels straight from 
 (NVFP4 and int4-g128 on Hopper: the CUDA kernels of cuda_ops, else Triton);
 more rows (prefill chunks) dequantize into one shared bf16 scratch buffer, sized to the largest
 weight, and run a single cuBLAS matmul. The weight's parts are the artifact's logical (row-major)
-parts, on the device.
+parts, on the device; on Hopper the NVFP4 codes and scales are re-laid once in the CUDA GEMV's
+tile order (cuda_ops.tile_nvfp4), which the dequantization reads too.
 """
 
 from __future__ import annotations
@@ -55,8 +56,6 @@ class QuantizedLinear:
             if self.tiled:  # (the kernel takes bf16 rows; __call__ casts the result back)
                 return cuda_ops.nvfp4_gemv(x.to(torch.bfloat16), p["qweight"], p["block_scale"], p["global_scale"],
                                            tiled_n=self.shape[0])
-            if cuda_ops.gemv_fits(x, self.shape[0]):
-                return cuda_ops.nvfp4_gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
             return nvfp4_linear.gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
         bits, group = self.scheme["bits"], self.scheme["group_size"]
         if cuda_ops.int4_gemv_fits(x, self.shape[0], bits, group, p["scale"]):
