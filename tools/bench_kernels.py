@@ -104,7 +104,8 @@ def _read_floor():
 
     source = (Path(__file__).resolve().parent / "csrc" / "gemv_read_floor.cu").read_text()
     module = load_inline("ninfer_gemv_read_floor", cpp_sources="void read_floor(torch::Tensor q, torch::Tensor s, "
-                         "torch::Tensor out, int64_t n, int64_t k, int64_t warps, int64_t depth);",
+                         "torch::Tensor out, int64_t n, int64_t k, std::string mode, int64_t warps, int64_t depth, "
+                         "int64_t grid);",
                          cuda_sources=source, functions=["read_floor"],
                          extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"])
     return module.read_floor
@@ -144,7 +145,7 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                         sink = torch.empty(n // 16 * warps * 32, dtype=torch.int32, device=device)
                         floor = _read_floor()
                         row["read_floor_us"] = 1000 * _bench(_rotating(
-                            lambda w: floor(w[0], w[1], sink, n, k, warps, depth), tiled))
+                            lambda w: floor(w[0], w[1], sink, n, k, "split", warps, depth, 0), tiled))
                     row["nvfp4_row_major_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv(x, *w), nv))
                     row["int4_ms"] = _bench(_rotating(lambda w: cuda_ops.int4_gemv(x, w[0], w[1], None), i4))
                     del tiled
@@ -283,6 +284,31 @@ def gdn(device: str, ceil: dict, time_it: bool) -> list[dict]:
     return rows
 
 
+FLOOR_SWEEP = ([("flat", 1, d, b) for d in (2, 4, 8) for b in (2, 4, 8)]
+               + [("split", w, d, 0) for w, d in ((4, 2), (8, 2), (8, 4), (8, 8), (16, 4))]
+               + [("persist", w, d, b) for w, d in ((4, 8), (8, 4), (8, 8)) for b in (1, 2, 4)])
+
+
+def floor_sweep(device: str) -> list[dict]:
+    """The GEMV's loads alone in each work layout of tools/csrc/gemv_read_floor.cu (flat: a plain read of
+    the same bytes), on the largest and smallest linears: which layout a memory-bound GEMV should take."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    floor = _read_floor()
+    rows = []
+    for name, n, k, _layers in [s for s in LINEARS if s[0] in ("mlp.gate_proj", "mlp.down_proj", "attn.q_proj",
+                                                                "gdn.in_proj_z", "attn.k_proj")]:
+        nbytes = n * k // 2 + n * k // 16
+        tiled = [cuda_ops.tile_nvfp4(q, s) for q, s, _ in _copies(lambda: _nvfp4_weight(n, k, device), nbytes)]
+        sink = torch.empty(max(n // 16, 8 * sms) * 16 * 32, dtype=torch.int32, device=device)
+        for mode, warps, depth, per_sm in FLOOR_SWEEP:
+            grid = per_sm * sms
+            us = 1000 * _bench(_rotating(lambda w: floor(w[0], w[1], sink, n, k, mode, warps, depth, grid), tiled))
+            rows.append({"linear": name, "N": n, "K": k, "mode": mode, "warps": warps, "depth": depth,
+                         "blocks_per_sm": per_sm, "us": us, "GB_s": nbytes / us / 1e3})
+        del tiled
+    return rows
+
+
 def table(results: dict) -> str:
     lines = []
     c = results.get("ceilings")
@@ -333,6 +359,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/bench")))
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, checks only (works on a CPU)")
     parser.add_argument("--gemv-only", action="store_true", help="only the decode GEMVs (a quick kernel iteration)")
+    parser.add_argument("--floor-sweep", action="store_true", help="only the GEMV's loads in each work layout")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -342,6 +369,13 @@ def main() -> None:
     ceil = ceilings() if gpu else {}
     if ceil:
         results["ceilings"] = ceil
+    if args.floor_sweep:
+        rows = floor_sweep(device)
+        write_results(args.out, "bench_gemv_floor_h200", {"ceilings": ceil, "floor_sweep": rows})
+        for r in rows:
+            print(f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} {r['blocks_per_sm']}/SM "
+                  f"{r['us']:6.1f} us {r['GB_s']:6.0f} GB/s ({r['GB_s'] / ceil['copy_GB_s']:.0%} of copy)")
+        return
     results["decode_gemv"] = linears(device, dtype, shapes, ceil, gpu)
     if args.gemv_only:
         print(table({"ceilings": ceil, "decode_gemv": results["decode_gemv"]}))

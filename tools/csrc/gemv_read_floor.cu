@@ -1,8 +1,13 @@
-// The decode GEMV's memory floor (a benchmark, not a kernel the engine runs): the same grid, warps,
-// ring of tiles in flight and tiled NVFP4 addressing as csrc/quant_gemv_sm90.cu's gemv<..., kTiled>,
-// every code and scale byte loaded the same way, but no decode and no MMA (the loads are XOR-folded
-// into one word per thread so they stay). Its time over the GEMV's says how much of the GEMV is
-// memory access pattern and how much the arithmetic around it.
+// The decode GEMV's memory floor (a benchmark, not a kernel the engine runs): the GEMV's loads of the
+// tiled NVFP4 codes and scales (csrc/quant_gemv_sm90.cu, kTiled) with no decode and no MMA (the loads
+// are XOR-folded into one word per thread so they stay), in three work layouts:
+//   split     the GEMV's: one block per 16-row tile, its warps split the K tiles, a ring of kDepth
+//             tiles in flight per warp;
+//   persist   the same tiles, but `grid` blocks that each walk row tiles blockIdx.x, + grid, ... with the
+//             ring running on across row tiles (no block churn, the pipeline never drains);
+//   flat      a plain grid-stride read of the same bytes, 16 B per lane, kDepth loads in flight per
+//             lane: what a read of this size can reach on this GPU.
+// A layout's time over flat's is what the layout costs; the GEMV's over its layout's is the arithmetic.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cstdint>
@@ -16,59 +21,117 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
   return v;
 }
 
+__device__ __forceinline__ uint32_t fold(const uint4& v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+// Row tile rt, K tile kt: 1 KB of codes (lane: 16 B at +16 lane and +512 + 16 lane) and 128 B of scales.
+struct Tiles {
+  const uint8_t* q;
+  const uint8_t* s;
+  int tiles;  // K tiles per row tile
+  __device__ void load(uint4& lo, uint4& hi, uint32_t& sc, int rt, int kt, int lane) const {
+    const size_t t = (size_t)rt * tiles + kt;
+    lo = load_stream(q + t * 1024 + 16 * lane);
+    hi = load_stream(q + t * 1024 + 512 + 16 * lane);
+    sc = *reinterpret_cast<const uint32_t*>(s + t * 128 + 4 * lane);
+  }
+};
+
+// split (row_step = 0: one row tile per block) and persist (row tiles blockIdx.x + i * gridDim.x):
+// warp w's step j is row tile j / per_row, K tile w + (j % per_row) * kWarps.
 template <int kWarps, int kDepth>
-__global__ void __launch_bounds__(kWarps * 32) read_tiles(const uint8_t* __restrict__ q, const uint8_t* __restrict__ s,
-                                                          uint32_t* __restrict__ out, int tiles) {
+__global__ void __launch_bounds__(kWarps * 32) read_tiles(Tiles t, uint32_t* __restrict__ out, int row_tiles,
+                                                          bool persist) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int steps = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;
-  const uint8_t* q_lane = q + (size_t)blockIdx.x * tiles * 1024 + 16 * lane;
-  const uint8_t* s_lane = s + (size_t)blockIdx.x * tiles * 128 + 4 * lane;
+  const int per_row = (t.tiles + kWarps - 1) / kWarps;
+  const int rows_here = persist ? (row_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 1;
+  const int steps = rows_here * per_row;
+  auto tile_of = [&](int j, int& rt, int& kt) {
+    rt = blockIdx.x + (j / per_row) * gridDim.x;
+    kt = warp + (j % per_row) * kWarps;
+    return kt < t.tiles;
+  };
   uint4 lo[kDepth], hi[kDepth];
   uint32_t sc[kDepth];
+  uint32_t acc = 0;
 #pragma unroll
   for (int i = 0; i < kDepth; ++i) {
-    if (i < steps) {
-      const int kt = warp + i * kWarps;
-      lo[i] = load_stream(q_lane + (size_t)kt * 1024);
-      hi[i] = load_stream(q_lane + (size_t)kt * 1024 + 512);
-      sc[i] = *reinterpret_cast<const uint32_t*>(s_lane + (size_t)kt * 128);
-    }
+    int rt, kt;
+    if (i < steps && tile_of(i, rt, kt)) t.load(lo[i], hi[i], sc[i], rt, kt, lane);
+    else lo[i] = hi[i] = make_uint4(0, 0, 0, 0), sc[i] = 0;
   }
-  uint32_t acc = 0;
   for (int st = 0; st < steps; st += kDepth) {
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
-      if (st + i < steps) {
-        acc ^= lo[i].x ^ lo[i].y ^ lo[i].z ^ lo[i].w ^ hi[i].x ^ hi[i].y ^ hi[i].z ^ hi[i].w ^ sc[i];
-        if (st + i + kDepth < steps) {
-          const int next = warp + (st + i + kDepth) * kWarps;
-          lo[i] = load_stream(q_lane + (size_t)next * 1024);
-          hi[i] = load_stream(q_lane + (size_t)next * 1024 + 512);
-          sc[i] = *reinterpret_cast<const uint32_t*>(s_lane + (size_t)next * 128);
-        }
-      }
+      acc ^= fold(lo[i]) ^ fold(hi[i]) ^ sc[i];
+      int rt, kt;
+      if (st + i + kDepth < steps && tile_of(st + i + kDepth, rt, kt)) t.load(lo[i], hi[i], sc[i], rt, kt, lane);
+      else lo[i] = hi[i] = make_uint4(0, 0, 0, 0), sc[i] = 0;
     }
   }
   out[(size_t)blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }
 
+template <int kDepth>
+__device__ __forceinline__ uint32_t read_range(const uint4* __restrict__ p, size_t n) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  uint32_t acc = 0;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += kDepth * stride) {
+    uint4 v[kDepth];
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) v[d] = i + d * stride < n ? load_stream(p + i + d * stride) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) acc ^= fold(v[d]);
+  }
+  return acc;
+}
+
+template <int kDepth>
+__global__ void __launch_bounds__(256) read_flat(const uint4* __restrict__ a, size_t na, const uint4* __restrict__ b,
+                                                 size_t nb, uint32_t* __restrict__ out) {
+  out[(size_t)blockIdx.x * blockDim.x + threadIdx.x] = read_range<kDepth>(a, na) ^ read_range<kDepth>(b, nb);
+}
+
 template <int kWarps, int kDepth>
-void launch(const torch::Tensor& q, const torch::Tensor& s, torch::Tensor& out, int64_t n, int64_t k) {
-  read_tiles<kWarps, kDepth><<<n / 16, kWarps * 32, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      q.data_ptr<uint8_t>(), s.data_ptr<uint8_t>(), reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), k / 128);
+void launch_tiles(const Tiles& t, uint32_t* out, int row_tiles, int grid, cudaStream_t stream) {
+  read_tiles<kWarps, kDepth><<<grid ? grid : row_tiles, kWarps * 32, 0, stream>>>(t, out, row_tiles, grid != 0);
 }
 
 }  // namespace
 
-// q, s: cuda_ops.tile_nvfp4's codes and scales of an n x k weight; out: int32 [n / 16 * warps * 32].
-void read_floor(torch::Tensor q, torch::Tensor s, torch::Tensor out, int64_t n, int64_t k, int64_t warps, int64_t depth) {
-  TORCH_CHECK(out.numel() >= n / 16 * warps * 32, "out too small");
-  switch (warps * 10 + depth) {
-    case 42: launch<4, 2>(q, s, out, n, k); break;
-    case 82: launch<8, 2>(q, s, out, n, k); break;
-    case 84: launch<8, 4>(q, s, out, n, k); break;
-    case 162: launch<16, 2>(q, s, out, n, k); break;
-    default: TORCH_CHECK(false, "shape not built: ", warps, "x", depth);
+// q, s: cuda_ops.tile_nvfp4's codes and scales of an n x k weight; out: int32, one per thread.
+// mode "split" / "persist" (grid blocks) take warps x depth; "flat" takes depth and grid (256 threads).
+void read_floor(torch::Tensor q, torch::Tensor s, torch::Tensor out, int64_t n, int64_t k, std::string mode,
+                int64_t warps, int64_t depth, int64_t grid) {
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  auto* sink = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
+  const int row_tiles = n / 16;
+  if (mode == "flat") {
+    TORCH_CHECK(out.numel() >= grid * 256, "out too small");
+    const auto* a = reinterpret_cast<const uint4*>(q.data_ptr<uint8_t>());
+    const auto* b = reinterpret_cast<const uint4*>(s.data_ptr<uint8_t>());
+    const size_t na = q.numel() / 16, nb = s.numel() / 16;
+    switch (depth) {
+      case 2: read_flat<2><<<grid, 256, 0, stream>>>(a, na, b, nb, sink); break;
+      case 4: read_flat<4><<<grid, 256, 0, stream>>>(a, na, b, nb, sink); break;
+      case 8: read_flat<8><<<grid, 256, 0, stream>>>(a, na, b, nb, sink); break;
+      default: TORCH_CHECK(false, "flat depth not built: ", depth);
+    }
+  } else {
+    TORCH_CHECK(mode == "split" || mode == "persist", "mode: split, persist or flat");
+    const int blocks = mode == "split" ? 0 : grid;
+    TORCH_CHECK(out.numel() >= (blocks ? blocks : row_tiles) * warps * 32, "out too small");
+    const Tiles t{q.data_ptr<uint8_t>(), s.data_ptr<uint8_t>(), static_cast<int>(k / 128)};
+    switch (warps * 10 + depth) {
+      case 42: launch_tiles<4, 2>(t, sink, row_tiles, blocks, stream); break;
+      case 44: launch_tiles<4, 4>(t, sink, row_tiles, blocks, stream); break;
+      case 48: launch_tiles<4, 8>(t, sink, row_tiles, blocks, stream); break;
+      case 82: launch_tiles<8, 2>(t, sink, row_tiles, blocks, stream); break;
+      case 84: launch_tiles<8, 4>(t, sink, row_tiles, blocks, stream); break;
+      case 88: launch_tiles<8, 8>(t, sink, row_tiles, blocks, stream); break;
+      case 162: launch_tiles<16, 2>(t, sink, row_tiles, blocks, stream); break;
+      case 164: launch_tiles<16, 4>(t, sink, row_tiles, blocks, stream); break;
+      default: TORCH_CHECK(false, "shape not built: ", warps, "x", depth);
+    }
   }
   TORCH_CHECK(cudaGetLastError() == cudaSuccess, "read_floor launch failed");
 }
