@@ -112,10 +112,16 @@ class StaticBatch:
             out.append(causal_attention(rows, keys, values, q_offset=length - self.q_len))
         return torch.cat(out)
 
-    def gdn(self, layer: int, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, step) -> torch.Tensor:
+    def gdn(self, layer: int, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, step, step_in_place=None
+            ) -> torch.Tensor:
         """The layer's recurrence over the rows: `step(layer, qkv, g, beta, windows, states)` -> (out,
         windows, states) once per token (a verify's tokens in order, each state kept for the rollback),
-        the states gathered from the slab and written back."""
+        the states gathered from the slab and written back. A decode step (one token per sequence) on
+        the GPU takes `step_in_place(layer, qkv, g, beta, windows, states, slots)` -> out instead, which
+        updates the slab's rows itself (no gather, no scatter)."""
+        if self.q_len == 1 and step_in_place is not None and qkv.is_cuda:
+            return step_in_place(layer, qkv, g, beta, self.slab.conv[layer], self.slab.recurrent[layer],
+                                 self.state_slots)
         conv = self.slab.conv[layer].index_select(0, self.state_slots)
         recurrent = self.slab.recurrent[layer].index_select(0, self.state_slots)
         if self.q_len == 1:

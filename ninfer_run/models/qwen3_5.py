@@ -110,7 +110,7 @@ class Model(CausalLM):
             a, b = linear(x, self._p(p + "in_proj_a.weight")), linear(x, self._p(p + "in_proj_b.weight"))
         g, beta = gates(a, b, self._p(p + "A_log"), self._p(p + "dt_bias"))
         if isinstance(segments, StaticBatch):
-            out = segments.gdn(i, qkv, g, beta, self._gdn_step)
+            out = segments.gdn(i, qkv, g, beta, self._gdn_step, self._gdn_step_in_place)
         elif len(segments) > 1 and all(n == 1 for _, n in segments):
             out = self._gdn_decode_batch(i, qkv, g, beta, [state for state, _ in segments])
         else:
@@ -166,6 +166,14 @@ class Model(CausalLM):
         conv = F.silu(F.conv1d(padded.transpose(1, 2), weight, groups=weight.shape[0])[..., 0])
         out, new = gated_delta_step(*self._split_heads(conv), g, beta, recurrent)
         return out, padded[:, 1:], new
+
+    def _gdn_step_in_place(self, i: int, qkv, g, beta, windows: torch.Tensor, states: torch.Tensor,
+                           slots: torch.Tensor) -> torch.Tensor:
+        """`_gdn_step` on rows `slots` of the slab's windows and states, updated in place (GPU kernels)."""
+        from ..kernels import gdn_decode  # Triton: GPU installs only
+
+        conv = gdn_decode.conv_step(qkv, windows, self._conv_weight(i, qkv.dtype), slots)
+        return gdn_decode.recurrent_step(conv, g, beta, states, slots, self.cfg.k_heads)
 
     def _attention(self, w, x: torch.Tensor, key: int, segments: Segments) -> torch.Tensor:
         """Gated full attention; `w(name)` looks up this layer's tensors, `key` names its KV slot."""

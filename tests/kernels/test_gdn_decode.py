@@ -1,0 +1,59 @@
+"""The in-place GDN decode step (kernels/gdn_decode.py) against the torch step the model runs elsewhere
+(gather the slots' windows and states, depthwise conv1d + SiLU, gated_delta.step_reference, scatter):
+outputs within bf16/fp16 rounding, the slab rows of the batch updated the same way, every other row
+untouched. On a CPU in Triton's interpreter (fp16, small heads); on a GPU the 27B's heads in bf16."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer_run.kernels import gated_delta
+
+triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.gpu  # `pytest -m gpu`: compiled on a GPU, in Triton's interpreter elsewhere
+from ninfer_run.kernels import gdn_decode  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+HK, HV, D = (16, 48, 128) if DEVICE == "cuda" else (2, 4, 32)
+KERNEL = 4
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def _torch_step(x, windows, weight, states, slots, g, beta):
+    """What StaticBatch.gdn + Qwen3_5._gdn_step do without the kernels (float32 conv on a CPU)."""
+    padded = torch.cat((windows[slots], x[:, None]), dim=1)
+    conv = F.silu(F.conv1d(padded.transpose(1, 2).float(), weight.float(), groups=weight.shape[0])[..., 0]).to(x.dtype)
+    q, k, v = conv.split([HK * D, HK * D, HV * D], dim=-1)
+    out, new = gated_delta.step_reference(q.unflatten(-1, (HK, D)), k.unflatten(-1, (HK, D)), v.unflatten(-1, (HV, D)),
+                                          g, beta, states[slots])
+    return conv, out, padded[:, 1:], new
+
+
+@pytest.mark.parametrize("slots", [[2], [4, 0, 2]])
+def test_step_in_place_matches_torch(slots):
+    gen = torch.Generator().manual_seed(len(slots))
+    c, n = 2 * HK * D + HV * D, 6
+    x = torch.randn(len(slots), c, generator=gen).to(DEVICE, DTYPE)
+    windows = torch.randn(n, KERNEL - 1, c, generator=gen).to(DEVICE, DTYPE)
+    weight = (torch.randn(c, 1, KERNEL, generator=gen) * 0.5).to(DEVICE, DTYPE)
+    states = (torch.randn(n, HV, D, D, generator=gen) * 0.1).to(DEVICE)
+    g = (-F.softplus(torch.randn(len(slots), HV, generator=gen)) * 0.5).to(DEVICE)
+    beta = torch.randn(len(slots), HV, generator=gen).sigmoid().to(DEVICE)
+    index = torch.tensor(slots, device=DEVICE)
+    conv_want, out_want, windows_want, states_want = _torch_step(x, windows, weight, states, index, g, beta)
+    windows_before, states_before = windows.clone(), states.clone()
+
+    conv = gdn_decode.conv_step(x, windows, weight, index)
+    out = gdn_decode.recurrent_step(conv, g, beta, states, index, HK)
+
+    assert _rel(conv, conv_want) < 4e-3  # one rounding of a float32 sum (order may differ)
+    assert torch.equal(windows[index], windows_want)  # a shift by one row: exact
+    assert out.shape == (len(slots), HV, D) and out.dtype == DTYPE
+    assert _rel(out, out_want) < 1e-2  # METHOD.md: bf16 paths within 1e-2
+    assert _rel(states[index], states_want) < 1e-3  # float32 state, from the same (rounded) conv inputs
+    others = [s for s in range(n) if s not in slots]
+    assert torch.equal(windows[others], windows_before[others]) and torch.equal(states[others], states_before[others])
