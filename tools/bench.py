@@ -12,7 +12,7 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - prefill: TTFT of one 8K / 32K / 100K-token prompt; tok/s and model FLOP/s vs the bf16 ceiling;
   - decode: aggregate tok/s at C = 1, 2, 4, 8 vs the weight-bandwidth roofline (bytes every token reads);
   - MTP (--draft-tokens 3): at the real acceptance (random weights: near 0) at C = 1, and at a forced
-    one (each draft made the target's argmax with probability 0.69: ~50% accepted) at every C;
+    one (successive verifies accept 3, 0, 2, 1 drafts: 50%) at every C;
   - torch.profiler tables of 8 decode steps at C = 1 and at the largest C (decode_profile*.txt): where
     a token's time goes; with --profile-prefill N, one of an N-token prefill too (prefill_profile.txt);
   - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory).
@@ -28,7 +28,6 @@ import argparse
 import functools
 import gc
 import os
-import random
 import statistics
 import sys
 import time
@@ -54,7 +53,7 @@ from ninfer_run.sampling import SamplingParams  # noqa: E402
 from bench_common import write_results  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
-FORCED_P = 0.69  # p + p^2 + p^3 = 1.5: half of 3 drafts accepted on average
+FORCED_CYCLE = (3, 0, 2, 1)  # drafts accepted at successive verifies: 1.5 of 3 on average
 
 
 # -- the model -----------------------------------------------------------------------------------
@@ -142,7 +141,7 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
                           prefill_chunk=4096, draft_tokens=draft_tokens, max_frontiers=1)
     engine = build_engine(model, config)
     if forced:
-        engine.verify_rows = ForcedAcceptance(engine.verify_rows, seed)
+        engine.verify_rows = ForcedAcceptance(engine.verify_rows)
     # untimed first: every prompt (a long one takes several chunks), then a few steps in which a graphed
     # engine captures this shape's graphs (decode; verify and drafts with MTP). Room past the timed
     # tokens: speculative steps keep their full draft count up to the end of the timed part.
@@ -175,20 +174,24 @@ def _steps_until(engine, results, tokens: int) -> None:
 
 
 class ForcedAcceptance:
-    """An engine's verify_rows, except that in each sequence's logits draft j is made the target's
-    argmax with probability FORCED_P, so greedy acceptance happens at a known rate whatever the random
-    weights predict. The head and the target (graphed or not) still do all their work."""
+    """An engine's verify_rows, except that each sequence's logits are changed so that greedy
+    verification accepts FORCED_CYCLE[i % 4] drafts at its i-th verify (3, 0, 2, 1: half of three
+    drafts on average, exactly over every four steps, whatever the random weights predict): the drafts
+    before that count are made the target's argmax, the next one its least likely token. The head and
+    the target (graphed or not) still do all their work."""
 
-    def __init__(self, verify_rows, seed: int):
-        self._verify_rows, self._rng = verify_rows, random.Random(seed)
+    def __init__(self, verify_rows):
+        self._verify_rows, self._step = verify_rows, 0
 
     def __call__(self, token_lists, states):
         out = []
         for tokens, (hidden, logits) in zip(token_lists, self._verify_rows(token_lists, states)):
             logits = logits.clone()  # a graph's output buffer is not ours to change
+            accept = FORCED_CYCLE[self._step % len(FORCED_CYCLE)]
+            self._step += 1
             for j, draft in enumerate(tokens[1:]):
-                if self._rng.random() < FORCED_P:  # the dtype's largest value: max + 1 can round back to a tie in bf16
-                    logits[j, draft] = torch.finfo(logits.dtype).max
+                if j <= accept:  # the dtype's extremes: max + 1 could round back to a tie in bf16
+                    logits[j, draft] = torch.finfo(logits.dtype).max if j < accept else torch.finfo(logits.dtype).min
             out.append((hidden, logits))
         return out
 

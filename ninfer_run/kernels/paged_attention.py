@@ -110,7 +110,8 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
         m = m_new
     parts = tl.num_programs(2)
     out_row = (b * q_len + tok) * HQ + head
-    tl.store(o_ptr + (out_row * parts + part)[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+    # a partition past the sequence's blocks found nothing (lsum 0): the merge skips it, unread
+    tl.store(o_ptr + (out_row * parts + part)[:, None] * D + d[None, :], acc, mask=(row_ok & (lsum > 0))[:, None])
     tl.store(m_ptr + out_row * parts + part, m, mask=row_ok)
     tl.store(l_ptr + out_row * parts + part, lsum, mask=row_ok)
 
@@ -124,16 +125,18 @@ def _merge_kernel(o_ptr, m_ptr, l_ptr, out_ptr, PARTS: tl.constexpr, P2: tl.cons
     lsum = tl.load(l_ptr + row * PARTS + p, mask=ok, other=0.0)
     weight = tl.where(lsum > 0, tl.exp(m - tl.max(m, 0)), 0.0)
     d = tl.arange(0, D)
-    acc = tl.load(o_ptr + (row * PARTS + p)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+    acc = tl.load(o_ptr + (row * PARTS + p)[:, None] * D + d[None, :], mask=(ok & (lsum > 0))[:, None], other=0.0)
     out = tl.sum(acc * weight[:, None], 0) / tl.sum(lsum * weight, 0)
     tl.store(out_ptr + row * D + d, out)
 
 
-def _partitions(programs: int, max_blocks: int, min_blocks: int = 8, target_programs: int = 1024) -> int:
+def _partitions(programs: int, max_blocks: int, target_programs: int = 1024) -> int:
     """Split each sequence's blocks over partitions (flash-decoding) only while there are too few
     programs to fill the GPU: decode (one query block) gets many, a long prefill chunk one, so its
-    partial results stay the size of its output."""
-    return max(1, min(triton.cdiv(max_blocks, min_blocks), target_programs // programs))
+    partial results stay the size of its output. Up to one partition per block of the table: a short
+    sequence's few blocks then go to as many programs, each one block deep (8 per partition made the
+    27B's decode attention ~20 us a layer at a 500-token context, a serial chain of loads)."""
+    return max(1, min(max_blocks, target_programs // programs))
 
 
 def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
