@@ -85,13 +85,46 @@ def tiles_nvfp4(n: int, k: int) -> bool:
     return n % 16 == 0 and k % TILE_K == 0 and available()
 
 
+# Bit positions (m0, e0, e1, sign) of each element of a tiled code word (8 elements in K order, 32 bits)
+# in its 16-bit half: element 2v in the low half, 2v + 1 in the high half, at VIEW_BITS[v]. The GEMV
+# turns view v into a bf16 pair in 1, 2, 4, 4 instructions (csrc fp4_view; the least there is:
+# tests/kernels/test_quant_gemv_emulation.py), and a view's two elements are consecutive in K, as x's
+# bf16 pairs are.
+VIEW_BITS = ((6, 7, 8, 15), (0, 1, 2, 9), (3, 4, 5, 10), (11, 12, 13, 14))
+
+
+def _signless_scales(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same values with every block scale >= 0 and a zero scale's codes zero: a negative scale's
+    codes change sign instead (E2M1's sign bit, 0x88 per byte), so the GEMV decodes a scale with no sign
+    or zero case (csrc scales_tiled)."""
+    s = block_scale.view(torch.uint8)
+    zero = ((s & 0x7F) == 0).repeat_interleave(8, dim=1)  # 16 codes (8 bytes) per scale
+    negative = ((s & 0x80) != 0).repeat_interleave(8, dim=1)
+    codes = torch.where(zero, 0, torch.where(negative, qweight ^ 0x88, qweight))
+    return codes, torch.where((s & 0x7F) == 0, 0, s & 0x7F)
+
+
+def encode_views(qweight: torch.Tensor) -> torch.Tensor:
+    """u8 codes [N, K/2] (element 2i in byte i's low nibble) -> the same shape with each 32-bit word's
+    eight elements' bits moved to VIEW_BITS."""
+    words = qweight.contiguous().view(torch.int32).long() & 0xFFFFFFFF
+    out = torch.zeros_like(words)
+    for element in range(8):
+        view, high = divmod(element, 2)
+        for bit, position in enumerate(VIEW_BITS[view]):
+            out |= ((words >> (4 * element + bit)) & 1) << (position + 16 * high)
+    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32).view(torch.uint8).view(qweight.shape)
+
+
 def tile_nvfp4(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """NVFP4 codes u8 [N, K/2] and scales [N, K/16] -> the GEMV's tiled layout: each (16 rows,
-    128 K) tile's 1 KB of codes and 128 B of scales contiguous, in the order its warp's lanes load them
-    (lane 4g + c: rows g then g + 8 of the codes, 16 B each; rows g and g + 8's two scale bytes)."""
+    """NVFP4 codes u8 [N, K/2] and scales [N, K/16] -> the GEMV's tiled layout (done once, at load):
+    scales made non-negative (_signless_scales), each code word's bits in VIEW_BITS order, and each
+    (16 rows, 128 K) tile's 1 KB of codes and 128 B of scales contiguous, in the order its warp's lanes
+    load them (lane 4g + c: rows g then g + 8 of the codes, 16 B each; rows g and g + 8's two scale bytes)."""
     n, t = qweight.shape[0], qweight.shape[1] // 64
-    codes = qweight.view(n // 16, 2, 8, t, 4, 16).permute(0, 3, 1, 2, 4, 5).contiguous().view(n // 16, t, 1024)
-    scales = block_scale.view(torch.uint8).view(n // 16, 2, 8, t, 4, 2).permute(0, 3, 2, 4, 1, 5).contiguous()
+    codes, scales = _signless_scales(qweight, block_scale)
+    codes = encode_views(codes).view(n // 16, 2, 8, t, 4, 16).permute(0, 3, 1, 2, 4, 5).contiguous().view(n // 16, t, 1024)
+    scales = scales.view(n // 16, 2, 8, t, 4, 2).permute(0, 3, 2, 4, 1, 5).contiguous()
     return codes, scales.view(n // 16, t, 128)
 
 

@@ -78,7 +78,9 @@ def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BL
                     TILED: tl.constexpr):
     """TILED: codes and scales in cuda_ops.tile_nvfp4's layout: code byte b of row n sits in tile
     (n // 16, b // 64) at (n % 16) // 8 * 512 + lane (4 (n % 8) + (b % 64) // 16) * 16 + b % 16; block
-    scale j of row n in tile (n // 16, j // 8) at lane (4 (n % 8) + (j % 8) // 2) * 4 + (n % 16) // 8 * 2 + j % 2."""
+    scale j of row n in tile (n // 16, j // 8) at lane (4 (n % 8) + (j % 8) // 2) * 4 + (n % 16) // 8 * 2 + j % 2.
+    The byte's two elements are view b % 4 of its 32-bit word (cuda_ops.VIEW_BITS: the first in the
+    word's low half, the second in its high half, each as m0 e0 e1 from bit `em` up and the sign at `sign`)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     half = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
@@ -91,11 +93,20 @@ def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BL
     else:
         q_off = rn[:, None] * (K // 2) + half[None, :]
         s_off = rn[:, None] * (K // 16) + (half // 8)[None, :]
-    codes = tl.load(q_ptr + q_off, mask=ok, other=0).to(tl.int32)
+    if TILED:
+        view = half[None, :] % 4
+        word = tl.load((q_ptr + q_off - view).to(tl.pointer_type(tl.int32)), mask=ok, other=0)
+        em = tl.where(view == 0, 6, tl.where(view == 1, 0, tl.where(view == 2, 3, 11)))
+        sign = tl.where(view == 0, 15, tl.where(view == 1, 9, tl.where(view == 2, 10, 14)))
+        low = ((word >> em) & 7) | (((word >> sign) & 1) << 3)
+        high = ((word >> (em + 16)) & 7) | (((word >> (sign + 16)) & 1) << 3)
+    else:
+        codes = tl.load(q_ptr + q_off, mask=ok, other=0).to(tl.int32)
+        low, high = codes & 15, codes >> 4
     scale = _e4m3_times_2m8(tl.load(s_ptr + s_off, mask=ok, other=0).to(tl.int32)) * 256.0
     per_block = scale * tl.load(s2_ptr)  # the reference's order: (block scale * s2), then times the value
-    lo = _e2m1_times_2m14(codes & 15) * 16384.0 * per_block
-    hi = _e2m1_times_2m14(codes >> 4) * 16384.0 * per_block
+    lo = _e2m1_times_2m14(low) * 16384.0 * per_block
+    hi = _e2m1_times_2m14(high) * 16384.0 * per_block
     values = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K)
     rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     tl.store(w_ptr + rn[:, None] * K + rk[None, :], values.to(w_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),

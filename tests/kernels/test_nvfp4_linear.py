@@ -72,6 +72,24 @@ def test_cuda_gemv_matches_reference(m, n, kk):
     tiny = torch.randint(1, 8, s8.shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8).to(DEVICE)
     small = tiny.view(s8.dtype)
     assert rounded_once(cuda_ops.nvfp4_gemv(x, q, small, s2), k.reference(x, q, small, s2))
+    # the tiled layout with zero, negative and subnormal scales mixed in (tile_nvfp4 rewrites them)
+    odd = _odd_scales(s8, m + n)
+    want = k.reference(x, q, odd, s2)
+    got = cuda_ops.nvfp4_gemv(x, *cuda_ops.tile_nvfp4(q, odd), s2, tiled_n=n)
+    assert rounded_once(got, want) if want.abs().max() > 0 else torch.equal(got, torch.zeros_like(got))
+
+
+def _odd_scales(s8: torch.Tensor, seed: int) -> torch.Tensor:
+    """Block scales with every kind tile_nvfp4 rewrites or the GEMV's scale decode must get right mixed in:
+    zero (+0 and -0, the codes then any), negative (their sign moves to the codes), e4m3 subnormals."""
+    g = torch.Generator().manual_seed(seed)
+    raw = s8.view(torch.uint8).cpu().clone()
+    kind = torch.randint(0, 8, raw.shape, generator=g)
+    raw = torch.where(kind == 0, 0, raw)
+    raw = torch.where(kind == 1, 0x80, raw)
+    raw = torch.where(kind == 2, raw | 0x80, raw)
+    raw = torch.where(kind == 3, torch.randint(1, 8, raw.shape, generator=g, dtype=torch.uint8), raw)
+    return raw.to(torch.uint8).to(s8.device).view(s8.dtype)
 
 
 @pytest.mark.parametrize("n,kk", [(32, 256), (48, 384)] if DEVICE == "cpu" else [(17408, 5120), (1024, 2048)])
@@ -79,6 +97,7 @@ def test_dequantize_of_the_tiled_layout_equals_the_row_major_one(n, kk):
     from ninfer_run.kernels.cuda_ops import tile_nvfp4
 
     q, s8, s2 = _weight(n, kk, n + 1)
+    s8 = _odd_scales(s8, n)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     want = k.dequantize(q, s8, s2, dtype=dtype)
     codes, scales = tile_nvfp4(q, s8)

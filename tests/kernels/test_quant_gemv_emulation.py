@@ -49,11 +49,25 @@ def _scale_value(byte: torch.Tensor) -> torch.Tensor:
     return f
 
 
-def _emulate(words: torch.Tensor, a_pair, x: torch.Tensor, per_row_tile=None) -> torch.Tensor:
+def _fp4_view(w: torch.Tensor, v: int) -> torch.Tensor:
+    em, sign = 0x01C001C0, 0x80008000
+    return [w & (em | sign), (w << 6) & (em | sign), ((w << 3) & em) | ((w << 5) & sign),
+            ((w >> 5) & em) | ((w << 1) & sign)][v] & 0xFFFFFFFF
+
+
+def _scales_tiled(byte: torch.Tensor) -> torch.Tensor:
+    """The kernel's scales_tiled for one half: e4m3 -> f16 (exact, as cvt.rn.f16x2.e4m3x2), then
+    ((h >> 3) & 0x0FFF) + 0x6A00 read as bf16 (= scale * 2^100 for scale > 0; 2^85 for zero)."""
+    h = torch.tensor([int(byte)], dtype=torch.uint8).view(torch.float8_e4m3fn).half().view(torch.int16).long() & 0xFFFF
+    return _bf16(((h >> 3) & 0x0FFF) + 0x6A00)[0]
+
+
+def _emulate(words: torch.Tensor, a_pair, x: torch.Tensor, per_row_tile=None, natural_x: bool = False) -> torch.Tensor:
     """The kernel (weights as A, 16 rows per warp): a_pair(w, i, row, kt, c, t) -> bf16 values (lo, hi) of nibble
-    pair (i, i+4) of word t of lane c's 16 bytes of `row`; per_row_tile(part [16, 8] rows x tokens, n0,
-    kt) scales a tile's sums (int4). Registers are placed into A [16, 16], B [16, 8] by mma.sync's
-    fragment layout, multiplied, and read back out of D's fragments as the kernel stores them."""
+    pair (i, i+4) (or, tiled NVFP4, view i) of word t of lane c's 16 bytes of `row`; per_row_tile(part
+    [16, 8] rows x tokens, n0, kt) scales a tile's sums (int4). Registers are placed into A [16, 16],
+    B [16, 8] by mma.sync's fragment layout (B as x_pair, or x_natural), multiplied, and read back out of
+    D's fragments as the kernel stores them."""
     y = torch.zeros(M, N, dtype=torch.float64)
     xd = torch.zeros(8, K, dtype=torch.float64)
     xd[:M] = x.double()  # B columns past M are zero (load_x)
@@ -72,6 +86,10 @@ def _emulate(words: torch.Tensor, a_pair, x: torch.Tensor, per_row_tile=None) ->
                                 lo0, hi0 = a_pair(w, 2 * h, n0 + row, kt, c, t)
                                 lo2, hi2 = a_pair(w, 2 * h + 1, n0 + row, kt, c, t)
                                 a[row, 2 * c], a[row, 2 * c + 1], a[row, 2 * c + 8], a[row, 2 * c + 9] = lo0, hi0, lo2, hi2
+                            if natural_x:  # b0 = (x[4h], x[4h+1]) at k 2c, 2c+1; b1 = (x[4h+2], x[4h+3])
+                                b[2 * c, g], b[2 * c + 1, g] = xd[g, k0 + 4 * h], xd[g, k0 + 4 * h + 1]
+                                b[2 * c + 8, g], b[2 * c + 9, g] = xd[g, k0 + 4 * h + 2], xd[g, k0 + 4 * h + 3]
+                                continue
                             # b0 = (x[2h], x[2h+4]) at k 2c, 2c+1; b1 = (x[2h+1], x[2h+5]) at 2c+8, 2c+9; column g
                             b[2 * c, g], b[2 * c + 1, g] = xd[g, k0 + 2 * h], xd[g, k0 + 2 * h + 4]
                             b[2 * c + 8, g], b[2 * c + 9, g] = xd[g, k0 + 2 * h + 1], xd[g, k0 + 2 * h + 5]
@@ -126,6 +144,44 @@ def test_nvfp4_decode_and_k_order_are_exact():
     assert float((y - ref).norm() / ref.norm()) < 1e-12
 
 
+def test_tiled_nvfp4_views_scales_and_k_order_are_exact():
+    """The tiled codec: tile_nvfp4's sign-less scales and VIEW_BITS words, decoded by fp4_view and
+    scales_tiled, x taken as loaded; zero, negative and subnormal scales mixed in."""
+    from ninfer_run.kernels.cuda_ops import _signless_scales, encode_views
+
+    for text in ("if constexpr (V == 0) return w & (kEm | kSign);", "else if constexpr (V == 1) return (w << 6) & (kEm | kSign);",
+                 "else if constexpr (V == 2) return ((w << 3) & kEm) | ((w << 5) & kSign);",
+                 "else return ((w >> 5) & kEm) | ((w << 1) & kSign);", "constexpr uint32_t kEm = 0x01C001C0u, kSign = 0x80008000u;",
+                 'asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(bytes)));',
+                 "return ((h >> 3) & 0x0FFF0FFFu) + 0x6A006A00u;",
+                 "const uint32_t sg[2] = {permute(pg, pg, 0x1010u), permute(pg, pg, 0x3232u)};",
+                 "a[0] = bf16x2_mul(h ? fp4_view<2>(vg) : fp4_view<0>(vg), sg[t >> 1]);",
+                 "a[3] = bf16x2_mul(h ? fp4_view<3>(vh) : fp4_view<1>(vh), sh[t >> 1]);",
+                 "kNaturalX ? x_natural(b0, b1, xl[t], h) : x_pair(b0, b1, xl[t], h);",
+                 "b0 = h ? v.z : v.x;", "b1 = h ? v.w : v.y;", "tile_mmas<kHighTokens, true>(d, xl, xh,",
+                 "dispatch<ninfer_sm90::Nvfp4Tiled, true>"):
+        assert text in SOURCE, text
+    g = torch.Generator().manual_seed(5)
+    q, s8, s2 = quantize_nvfp4(torch.randn(N, K, generator=g) * 0.05)
+    raw = s8.view(torch.uint8).clone()
+    kind = torch.randint(0, 6, raw.shape, generator=g)
+    raw = torch.where(kind == 0, 0, torch.where(kind == 1, 0x80, torch.where(kind == 2, raw | 0x80, raw)))
+    raw = torch.where(kind == 3, torch.randint(1, 8, raw.shape, generator=g, dtype=torch.uint8), raw).to(torch.uint8)
+    odd = raw.view(s8.dtype)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    codes, scales = _signless_scales(q, odd)
+    scales = scales.long()
+
+    def a_pair(w, i, row, kt, c, t):
+        s = _scales_tiled(scales[row, kt * 8 + 2 * c + (t >= 2)])
+        return [v * s for v in _halves(_fp4_view(w, i))]
+
+    y = _emulate(_words(encode_views(codes)), a_pair, x, natural_x=True) * float(s2) * 2.0**26
+    exact = E2M1_VALUES.double()[unpack_nibbles(q).long()] * odd.double().repeat_interleave(16, dim=1) * float(s2)
+    ref = x.double() @ exact.T
+    assert float((y - ref).norm() / ref.norm()) < 1e-12
+
+
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_int4_decode_and_k_order_are_exact(symmetric):
     g = torch.Generator().manual_seed(3)
@@ -148,10 +204,10 @@ def test_int4_decode_and_k_order_are_exact(symmetric):
 
 
 def test_tiled_layout_is_what_the_tiled_kernel_loads():
-    """cuda_ops.tile_nvfp4 (a torch permutation, also on the CPU) puts at the tiled kernel's addresses the
-    bytes its row-major addressing reads: tile (rt, kt) at 1024 (rt T + kt), lane L = 4g + c's codes at
+    """cuda_ops.tile_nvfp4 (torch, also on the CPU) puts at the tiled kernel's addresses the bytes (codes
+    re-encoded by encode_views) its row-major addressing would read: tile (rt, kt) at 1024 (rt T + kt), lane L = 4g + c's codes at
     16 L (row g) and 512 + 16 L (row g + 8); its scales at 128 (rt T + kt) + 4 L (row g's two, row g + 8's)."""
-    from ninfer_run.kernels.cuda_ops import tile_nvfp4
+    from ninfer_run.kernels.cuda_ops import _signless_scales, encode_views, tile_nvfp4
 
     for text in ("q + (size_t)blockIdx.x * tiles * 1024 + 16 * lane", "constexpr int kStride = kTiled ? 1024 : 64;",
                  "args.scale + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 128 +", "4 * (4 * g + c)",
@@ -161,7 +217,10 @@ def test_tiled_layout_is_what_the_tiled_kernel_loads():
     g = torch.Generator().manual_seed(4)
     q, s8, _ = quantize_nvfp4(torch.randn(n, k, generator=g))
     codes, scales = tile_nvfp4(q, s8)
-    codes, scales, sb, t = codes.flatten(), scales.flatten(), s8.view(torch.uint8), k // 128
+    plain, sb = _signless_scales(q, s8)  # (all of these scales are positive: the same bytes)
+    assert torch.equal(sb, s8.view(torch.uint8)) and torch.equal(plain, q)
+    q = encode_views(q)
+    codes, scales, t = codes.flatten(), scales.flatten(), k // 128
     for rt in range(n // 16):
         for kt in range(t):
             for lane in range(32):

@@ -108,10 +108,17 @@ __device__ __forceinline__ void x_pair(uint32_t& even, uint32_t& odd, const uint
   odd = permute(lo, hi, 0x7632u);
 }
 
+// B's registers when A's are in the tiled NVFP4 views (elements 4h, 4h+1 then 4h+2, 4h+3): x as loaded.
+__device__ __forceinline__ void x_natural(uint32_t& b0, uint32_t& b1, const uint4& v, int h) {
+  b0 = h ? v.z : v.x;
+  b1 = h ? v.w : v.y;
+}
+
 // A tile's eight MMAs, the same for every codec: MMA (t, h) takes A's registers from
-// a_regs(t, h, a) (the codec's decode of word t of rows g and g + 8, see the top) and B's from x,
-// token half th into acc[th][t & 1] (two dependency chains).
-template <bool kHighTokens, class ARegs>
+// a_regs(t, h, a) (the codec's decode of word t of rows g and g + 8, see the top) and B's from x
+// (x_pair, or x_natural for the tiled NVFP4 views), token half th into acc[th][t & 1] (two
+// dependency chains).
+template <bool kHighTokens, bool kNaturalX, class ARegs>
 __device__ __forceinline__ void tile_mmas(float (&acc)[2][2][4], const uint4 (&xl)[4], const uint4 (&xh)[4],
                                           ARegs a_regs) {
 #pragma unroll
@@ -121,10 +128,10 @@ __device__ __forceinline__ void tile_mmas(float (&acc)[2][2][4], const uint4 (&x
       uint32_t a[4];
       a_regs(t, h, a);
       uint32_t b0, b1;
-      x_pair(b0, b1, xl[t], h);
+      kNaturalX ? x_natural(b0, b1, xl[t], h) : x_pair(b0, b1, xl[t], h);
       mma_bf16(acc[0][t & 1], a, b0, b1);
       if (kHighTokens) {
-        x_pair(b0, b1, xh[t], h);
+        kNaturalX ? x_natural(b0, b1, xh[t], h) : x_pair(b0, b1, xh[t], h);
         mma_bf16(acc[1][t & 1], a, b0, b1);
       }
     }
@@ -149,7 +156,7 @@ struct Nvfp4 {
                                 const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
     const uint32_t sg[2] = {scale_pair(ag.scales & 0xFFu), scale_pair(ag.scales >> 8)};
     const uint32_t sh[2] = {scale_pair(ah.scales & 0xFFu), scale_pair(ah.scales >> 8)};
-    tile_mmas<kHighTokens>(d, xl, xh, [&](int t, int h, uint32_t (&a)[4]) {
+    tile_mmas<kHighTokens, false>(d, xl, xh, [&](int t, int h, uint32_t (&a)[4]) {
       const uint32_t vg = word(wg, t), vh = word(wh, t);
       a[0] = bf16x2_mul(h ? fp4_pair<2>(vg) : fp4_pair<0>(vg), sg[t >> 1]);
       a[1] = bf16x2_mul(h ? fp4_pair<2>(vh) : fp4_pair<0>(vh), sh[t >> 1]);
@@ -158,6 +165,49 @@ struct Nvfp4 {
     });
   }
   __device__ static float out_scale(const Args& a) { return a.s2[0] * 0x1p26f; }
+};
+
+// The tiled layout re-encodes each word (cuda_ops.VIEW_BITS): view V = elements 2V (low half) and
+// 2V + 1 (high half), their bits (m0, e0, e1, sign) at (6, 7, 8, 15), (0, 1, 2, 9), (3, 4, 5, 10),
+// (11, 12, 13, 14) of the half for V = 0..3, so a view becomes the bf16 pair of fp4_pair (value * 2^-126)
+// in 1, 2, 4 and 4 instructions (fp4_pair: 3-4 each), and views pair consecutive K values as x does.
+template <int V>
+__device__ __forceinline__ uint32_t fp4_view(uint32_t w) {
+  constexpr uint32_t kEm = 0x01C001C0u, kSign = 0x80008000u;
+  if constexpr (V == 0) return w & (kEm | kSign);
+  else if constexpr (V == 1) return (w << 6) & (kEm | kSign);
+  else if constexpr (V == 2) return ((w << 3) & kEm) | ((w << 5) & kSign);
+  else return ((w >> 5) & kEm) | ((w << 1) & kSign);
+}
+
+// A row's two E4M3 scale bytes of the tile (tile_nvfp4 made them non-negative, a zero scale's codes
+// zero) -> scale * 2^100 as bf16 in the low and high halves: the hardware's e4m3x2 -> f16x2 (exact,
+// e4m3 subnormals are f16 normals), then each half's f16 exponent rebased to bf16's (+112) and + 100
+// with one add (f16 >> 3 keeps e4m3's three mantissa bits). A zero scale becomes 2^85, times zero codes.
+__device__ __forceinline__ uint32_t scales_tiled(uint32_t bytes) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(bytes)));
+  return ((h >> 3) & 0x0FFF0FFFu) + 0x6A006A00u;
+}
+
+struct Nvfp4Tiled {
+  using Args = Nvfp4::Args;
+  using RowAux = Nvfp4::RowAux;
+  template <bool kHighTokens>
+  __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
+                                const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
+    const uint32_t pg = scales_tiled(ag.scales), ph = scales_tiled(ah.scales);
+    const uint32_t sg[2] = {permute(pg, pg, 0x1010u), permute(pg, pg, 0x3232u)};  // each half broadcast
+    const uint32_t sh[2] = {permute(ph, ph, 0x1010u), permute(ph, ph, 0x3232u)};
+    tile_mmas<kHighTokens, true>(d, xl, xh, [&](int t, int h, uint32_t (&a)[4]) {
+      const uint32_t vg = word(wg, t), vh = word(wh, t);
+      a[0] = bf16x2_mul(h ? fp4_view<2>(vg) : fp4_view<0>(vg), sg[t >> 1]);
+      a[1] = bf16x2_mul(h ? fp4_view<2>(vh) : fp4_view<0>(vh), sh[t >> 1]);
+      a[2] = bf16x2_mul(h ? fp4_view<3>(vg) : fp4_view<1>(vg), sg[t >> 1]);
+      a[3] = bf16x2_mul(h ? fp4_view<3>(vh) : fp4_view<1>(vh), sh[t >> 1]);
+    });
+  }
+  __device__ static float out_scale(const Nvfp4::Args& a) { return Nvfp4::out_scale(a); }
 };
 
 // Nibble pair (i, i + 4) of word w as bf16 halves 128 + nibble. I is 0..3.
@@ -192,7 +242,7 @@ struct Int4 {
   __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
                                 const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
     float part[2][2][4] = {};
-    tile_mmas<kHighTokens>(part, xl, xh, [&](int t, int h, uint32_t (&a)[4]) {
+    tile_mmas<kHighTokens, false>(part, xl, xh, [&](int t, int h, uint32_t (&a)[4]) {
       const uint32_t vg = word(wg, t), vh = word(wh, t);
       a[0] = bf16x2_sub(h ? int4_pair<2>(vg) : int4_pair<0>(vg), ag.zero);
       a[1] = bf16x2_sub(h ? int4_pair<2>(vh) : int4_pair<0>(vh), ah.zero);
@@ -325,7 +375,7 @@ int dispatch(const void* x, const void* q, const typename Codec::Args& args, voi
 int ninfer_nvfp4_gemv_sm90(const void* x, const void* q, const void* scale, const float* s2, void* y, int M, int N,
                              int K, int warps, int depth, bool tiled, cudaStream_t stream) {
   const ninfer_sm90::Nvfp4::Args args{static_cast<const uint8_t*>(scale), s2};
-  return tiled ? ninfer_sm90::dispatch<ninfer_sm90::Nvfp4, true>(x, q, args, y, M, N, K, warps, depth, stream)
+  return tiled ? ninfer_sm90::dispatch<ninfer_sm90::Nvfp4Tiled, true>(x, q, args, y, M, N, K, warps, depth, stream)
                : ninfer_sm90::dispatch<ninfer_sm90::Nvfp4, false>(x, q, args, y, M, N, K, warps, depth, stream);
 }
 
