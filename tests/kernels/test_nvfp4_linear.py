@@ -67,7 +67,8 @@ def test_cuda_gemv_matches_reference(m, n, kk):
         out = cuda_ops.nvfp4_gemv(x, q, s8, s2, shape=shape)
         assert out.shape == (m, n) and out.dtype == torch.bfloat16
         assert rounded_once(out, ref), shape
-        assert torch.equal(cuda_ops.nvfp4_gemv(x, *tiled, s2, shape=shape, tiled_n=n), out), shape
+        # the tiled codec pairs K differently inside each MMA: float32 sums in another order
+        assert rounded_once(cuda_ops.nvfp4_gemv(x, *tiled, s2, shape=shape, tiled_n=n), ref), shape
     # subnormal block scales (e4m3 exponent 0): every scale byte set to 1..7 must still decode exactly
     tiny = torch.randint(1, 8, s8.shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8).to(DEVICE)
     small = tiny.view(s8.dtype)
