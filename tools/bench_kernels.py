@@ -268,11 +268,15 @@ def gdn(device: str, ceil: dict, time_it: bool) -> list[dict]:
         row = {"tokens": t, "fla": gated_delta.available(torch.device(device))}
         if t <= 8192:
             row["rel_err"] = _rel(out, gated_delta.reference(q, k, v, g, beta, state)[0])
+        if t == 1:
+            row["in_place_rel_err"] = _gdn_in_place(hk, hv, d, g, beta, state, device, time_it)[1]
         if time_it:
             row["ms"] = _bench(lambda: gated_delta.gated_delta_rule(q, k, v, g, beta, state))
             if t == 1:
                 state_bytes = 2 * state.numel() * 4  # read and written once per token
                 row["of_roofline"] = state_bytes / (ceil["copy_GB_s"] * 1e6) / row["ms"]
+                row["in_place_ms"] = _bench(_gdn_in_place(hk, hv, d, g, beta, state, device, time_it)[0])
+                row["in_place_of_roofline"] = state_bytes / (ceil["copy_GB_s"] * 1e6) / row["in_place_ms"]
             else:
                 r = hv // hk
                 args = [x[None] for x in (q.repeat_interleave(r, 1), k.repeat_interleave(r, 1), v, g, beta)]
@@ -282,6 +286,25 @@ def gdn(device: str, ceil: dict, time_it: bool) -> list[dict]:
                 row["tok_s"] = t / row["ms"] * 1000
         rows.append(row)
     return rows
+
+
+def _gdn_in_place(hk, hv, d, g, beta, state, device, on_gpu: bool):
+    """The engine's decode step (kernels/gdn_decode.py: conv window + recurrence in place in a one-slot
+    slab) -> (a function running it, its output's error vs the torch step on the same conv rows)."""
+    from ninfer_run.kernels import gdn_decode
+
+    dtype = torch.bfloat16 if on_gpu else torch.float16  # the interpreter's casts (tests/kernels/conftest.py)
+    c = 2 * hk * d + hv * d
+    x = torch.randn(1, c, device=device).to(dtype)
+    windows = torch.randn(1, 3, c, device=device).to(dtype)
+    weight = (torch.randn(c, 1, 4, device=device) * 0.5).to(dtype)
+    slab, slots = state[None].clone(), torch.zeros(1, dtype=torch.long, device=device)
+    conv = gdn_decode.conv_step(x, windows, weight, slots)
+    split = conv.split([hk * d, hk * d, hv * d], dim=-1)
+    want, _ = gated_delta.step_reference(*(t.unflatten(-1, (-1, d)) for t in split), g, beta, slab.clone())
+    err = _rel(gdn_decode.recurrent_step(conv, g, beta, slab, slots, hk), want)
+    return (lambda: gdn_decode.recurrent_step(gdn_decode.conv_step(x, windows, weight, slots), g, beta, slab, slots,
+                                              hk)), err
 
 
 FLOOR_SWEEP = ([("flat", 1, d, b) for d in (2, 4, 8) for b in (2, 4, 8)]
@@ -342,8 +365,11 @@ def table(results: dict) -> str:
         lines.append(f"prefill attention T={r['tokens']} at ctx={r['context']}{err}")
     for r in results.get("gdn", []):
         err = f" rel err {r['rel_err']:.1e}" if "rel_err" in r else ""
+        if "in_place_rel_err" in r:
+            err += f", in-place step rel err {r['in_place_rel_err']:.1e}"
         if "of_roofline" in r:
-            err += f" {r['ms'] * 1000:.0f} us/layer = {r['of_roofline']:.0%} state roofline"
+            err += (f" fla step {r['ms'] * 1000:.0f} us/layer = {r['of_roofline']:.0%} state roofline; in-place step "
+                    f"{r['in_place_ms'] * 1000:.1f} us = {r['in_place_of_roofline']:.0%}")
         elif "ms" in r:
             err += f" {r['ms']:.2f} ms/layer, {r['tok_s']:.0f} tok/s, {r['vs_peer']:.1f}x torch chunked"
         lines.append(f"gdn T={r['tokens']:<6} fla={r['fla']}{err}")
