@@ -4,11 +4,12 @@
 // Operands as the sm_90a artifact stores them (row-major, K-major), x bf16 [M, K], y bf16 [M, N]:
 //   NVFP4  q u8 [N, K/2] (element 2i in the low nibble), scale e4m3 [N, K/16], s2 f32 [1] on the device;
 //          or tiled (cuda_ops.tile_nvfp4, done once at load): each 16-row x 128-K tile's 1 KB of codes and
-//          128 B of scales contiguous, in the order the lanes below load them
+//          128 B of scales contiguous, in the order the lanes below load them, each code word's bits
+//          re-encoded (Nvfp4Tiled: fp4_view) and the scales sign-less (scales_tiled)
 //   int4   q i32 [N, K/8] (element j of a word at bits 4j, offset-binary u = value + 8), scale bf16
 //          [N, K/128], zero points (asymmetric) i32 [N/8, K/128] packed along N (offset-binary v), else v = 8
-// Both pack 8 elements per 32-bit word in K order (nibble i = element i), so both share the lane
-// layout below and differ only in how a word becomes bf16 pairs (the Codec).
+// All pack 8 elements per 32-bit word in K order (row-major: nibble i = element i), so they share the
+// lane layout below and differ only in how a word becomes bf16 pairs (the Codec).
 //
 // Memory-bound: every weight byte is read once and never touches shared memory. The weights are the
 // MMA's A operand: a warp takes 16 output rows at once, lane 4g + c rows g and g + 8, 16 bytes of each
