@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from .state import SequenceState
 
 
+def runs_in_place(rows: torch.Tensor) -> bool:
+    """Whether a static step's GDN layers take the in-place kernels (kernels/gdn_decode.py, Triton):
+    on the GPU (the CPU tests also run them in Triton's interpreter)."""
+    return rows.is_cuda
+
+
 class GDNSlab:
     """Gated DeltaNet states of up to `slots` sequences, per layer in one tensor each (conv
     [slots, K-1, C], recurrent [slots, Hv, Dk, Dv]): a captured step gathers its rows' states by slot
@@ -116,12 +122,14 @@ class StaticBatch:
             ) -> torch.Tensor:
         """The layer's recurrence over the rows: `step(layer, qkv, g, beta, windows, states)` -> (out,
         windows, states) once per token (a verify's tokens in order, each state kept for the rollback),
-        the states gathered from the slab and written back. A decode step (one token per sequence) on
-        the GPU takes `step_in_place(layer, qkv, g, beta, windows, states, slots)` -> out instead, which
-        updates the slab's rows itself (no gather, no scatter)."""
-        if self.q_len == 1 and step_in_place is not None and qkv.is_cuda:
+        the states gathered from the slab and written back. On the GPU `step_in_place(layer, qkv, g,
+        beta, windows, states, slots, tokens, keep)` -> out runs instead: it updates the slab's rows
+        itself (no gather, no scatter) and, for a verify, writes each token's states to the slab's step
+        rows (keep: (step windows, step states))."""
+        if step_in_place is not None and runs_in_place(qkv):
+            keep = (self.slab.step_conv[layer], self.slab.step_recurrent[layer]) if self.q_len > 1 else None
             return step_in_place(layer, qkv, g, beta, self.slab.conv[layer], self.slab.recurrent[layer],
-                                 self.state_slots)
+                                 self.state_slots, self.q_len, keep)
         conv = self.slab.conv[layer].index_select(0, self.state_slots)
         recurrent = self.slab.recurrent[layer].index_select(0, self.state_slots)
         if self.q_len == 1:

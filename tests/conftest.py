@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
 
-import pytest
-import xxhash
-from typer.testing import CliRunner
+import torch
 
-from ninfer_format import constants as C
-from ninfer_format.writer import encode_preamble
-from ninfer_pack.cli import app as pack_app
-from ninfer_run.loader import load
+# Triton kernels run compiled on a CUDA machine; without one (and with triton installed) they run in
+# Triton's interpreter on the CPU, which checks their indexing and math on small shapes. Set before
+# anything imports triton: its own library functions are decorated (interpreted or not) at import.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import xxhash  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from ninfer_format import constants as C  # noqa: E402
+from ninfer_format.writer import encode_preamble  # noqa: E402
+from ninfer_pack.cli import app as pack_app  # noqa: E402
+from ninfer_run.loader import load  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parent.parent / "formats" / "golden"
 GOLDEN_STEMS = ["golden-bf16-linear", "golden-nvfp4-sm_120a", "golden-int4-asym-sm_90a"]

@@ -168,12 +168,14 @@ class Model(CausalLM):
         return out, padded[:, 1:], new
 
     def _gdn_step_in_place(self, i: int, qkv, g, beta, windows: torch.Tensor, states: torch.Tensor,
-                           slots: torch.Tensor) -> torch.Tensor:
-        """`_gdn_step` on rows `slots` of the slab's windows and states, updated in place (GPU kernels)."""
+                           slots: torch.Tensor, tokens: int = 1, keep=None) -> torch.Tensor:
+        """`_gdn_step` over `tokens` rows per sequence on rows `slots` of the slab's windows and states,
+        updated in place (GPU kernels); keep: (step windows, step states) to hold each token's states."""
         from ..kernels import gdn_decode  # Triton: GPU installs only
 
-        conv = gdn_decode.conv_step(qkv, windows, self._conv_weight(i, qkv.dtype), slots)
-        return gdn_decode.recurrent_step(conv, g, beta, states, slots, self.cfg.k_heads)
+        keep_windows, keep_states = keep if keep is not None else (None, None)
+        conv = gdn_decode.conv_step(qkv, windows, self._conv_weight(i, qkv.dtype), slots, tokens, keep_windows)
+        return gdn_decode.recurrent_step(conv, g, beta, states, slots, self.cfg.k_heads, tokens, keep_states)
 
     def _attention(self, w, x: torch.Tensor, key: int, segments: Segments) -> torch.Tensor:
         """Gated full attention; `w(name)` looks up this layer's tensors, `key` names its KV slot."""

@@ -1,12 +1,7 @@
-"""Triton kernels run compiled on a CUDA machine; without one (and with triton installed) they run in
-Triton's interpreter on the CPU, which checks their indexing and math on small shapes."""
-
-import os
+"""Triton kernels run compiled on a CUDA machine, in Triton's interpreter elsewhere (tests/conftest.py
+sets it up)."""
 
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def rounded_once(out: torch.Tensor, ref: torch.Tensor) -> bool:

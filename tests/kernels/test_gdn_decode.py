@@ -62,3 +62,41 @@ def test_step_in_place_matches_torch(slots):
     assert _rel(states[index], exact) < 1e-5
     others = [s for s in range(n) if s not in slots]
     assert torch.equal(windows[others], windows_before[others]) and torch.equal(states[others], states_before[others])
+
+
+@pytest.mark.parametrize("tokens", [2, 4])
+def test_verify_steps_in_place_keep_every_state(tokens):
+    """A verify's T tokens per sequence (rows sequence-major) vs the torch step run token by token, as
+    StaticBatch.gdn does without the kernels: outputs, the final window and state, and the window and
+    state after each token (what a rollback restores)."""
+    slots, steps = [3, 1], 4
+    gen = torch.Generator().manual_seed(10 + tokens)
+    c, n, b = 2 * HK * D + HV * D, 5, len(slots)
+    x = torch.randn(b * tokens, c, generator=gen).to(DEVICE, DTYPE)
+    windows = torch.randn(n, KERNEL - 1, c, generator=gen).to(DEVICE, DTYPE)
+    weight = (torch.randn(c, 1, KERNEL, generator=gen) * 0.5).to(DEVICE, DTYPE)
+    states = (torch.randn(n, HV, D, D, generator=gen) * 0.1).to(DEVICE)
+    g = (-F.softplus(torch.randn(b * tokens, HV, generator=gen)) * 0.5).to(DEVICE)
+    beta = torch.randn(b * tokens, HV, generator=gen).sigmoid().to(DEVICE)
+    index = torch.tensor(slots, device=DEVICE)
+    keep_windows = torch.zeros(n, steps, KERNEL - 1, c, dtype=DTYPE, device=DEVICE)
+    keep_states = torch.zeros(n, steps, HV, D, D, device=DEVICE)
+    want_windows, want_states = windows.clone(), states.clone()
+
+    conv = gdn_decode.conv_step(x, windows, weight, index, tokens, keep_windows)
+    out = gdn_decode.recurrent_step(conv, g, beta, states, index, HK, tokens, keep_states)
+
+    rows = x.view(b, tokens, c)
+    for j in range(tokens):
+        r = torch.arange(b) * tokens + j
+        conv_want, out_want, window_j, state_j = _torch_step(rows[:, j], want_windows, weight, want_states, index,
+                                                            g[r], beta[r])
+        want_windows[index], want_states[index] = window_j, state_j
+        assert _rel(conv[r], conv_want) < 4e-3 and _rel(out[r], out_want) < 1e-2, j
+        assert torch.equal(keep_windows[index, j], window_j), j
+        assert _rel(keep_states[index, j], state_j) < 1e-2, j
+    assert torch.equal(windows, want_windows)  # the window after the last token, other slots untouched
+    assert _rel(states[index], want_states[index]) < 1e-2
+    others = [s for s in range(n) if s not in slots]
+    assert torch.equal(states[others], want_states[others])
+    assert not keep_windows[others].any() and not keep_states[:, tokens:].any()

@@ -5,6 +5,7 @@ with it produces the same tokens. On a CPU the static step runs eagerly; `pytest
 import pytest
 import torch
 
+from ninfer_run import static_step
 from ninfer_run.engine import EngineConfig, Request, build_engine
 from ninfer_run.graphs import GraphedDecoder
 from ninfer_run.kv.pool import BlockPool, KVLayout
@@ -39,8 +40,20 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+@pytest.fixture(params=["gathered", "in_place"])
+def gdn_path(request, monkeypatch):
+    """The static step's GDN layers as the CPU runs them (gather, torch step, scatter) or as the GPU
+    does (kernels/gdn_decode.py in place on the slab), the latter in Triton's interpreter."""
+    if request.param == "in_place":
+        if torch.cuda.is_available():
+            pytest.skip("`pytest -m gpu` runs the in-place kernels compiled (tests below)")
+        pytest.importorskip("triton")  # tests/conftest.py has it run in its interpreter
+        monkeypatch.setattr(static_step, "runs_in_place", lambda rows: True)
+    return request.param
+
+
 @pytest.mark.parametrize("model_id", ["tiny-qwen3.5", "tiny-qwen3"])
-def test_static_decode_equals_decode_batch(tiny_model, model_id):
+def test_static_decode_equals_decode_batch(tiny_model, model_id, gdn_path):
     model = tiny_model(model_id)
     pool, layers, decoder = _setup(model, max_batch=4)
     prompts = _prompts(3, seed=2)
@@ -96,7 +109,7 @@ def test_release_gives_the_state_back_and_frees_the_slot(tiny_model):
 
 
 @pytest.mark.parametrize("sequences", [1, 2])
-def test_static_verify_equals_forward_and_rolls_back(tiny_model, sequences):
+def test_static_verify_equals_forward_and_rolls_back(tiny_model, sequences, gdn_path):
     """Speculative verifies through the static step (two sequences: in one forward): each forward's
     hidden states and logits, and a rollback to any accepted prefix leaves the GDN state the eager
     forward's rollback does."""
