@@ -172,13 +172,21 @@ def prefill(device: str, dtype, shapes, ceil: dict, time_it: bool, m: int) -> li
         w = nvfp4_linear.dequantize(q, s8, s2, out=buf, dtype=dtype)
         row = {"linear": name, "N": n, "K": k, "M": m,
                "dequant_exact": bool(torch.equal(w, nvfp4_linear.reference_dequantize(q, s8, s2, dtype)))}
+        # the engine's layout on Hopper (cuda_ops.tile_nvfp4; on a CPU its torch form, checked the same way)
+        tiled = cuda_ops.tile_nvfp4(q, s8) if n % 16 == 0 and k % 128 == 0 else None
+        if tiled is not None:
+            row["tiled_dequant_exact"] = bool(torch.equal(
+                nvfp4_linear.dequantize(*tiled, s2, dtype=dtype, tiled_shape=(n, k)), w))
         if time_it:
             wb = torch.randn(k, n, device=device, dtype=torch.bfloat16)
             ours = _bench(lambda: x @ nvfp4_linear.dequantize(q, s8, s2, out=buf).T)
             peer = _bench(lambda: x @ wb)
             flops = 2 * m * n * k
             row.update({"ours_ms": ours, "bf16_peer_ms": peer, "TFLOP_s": flops / ours / 1e9,
-                        "of_flop_ceiling": flops / ours / 1e9 / ceil["bf16_TFLOP_s"], "vs_peer": peer / ours})
+                        "of_flop_ceiling": flops / ours / 1e9 / ceil["bf16_TFLOP_s"], "vs_peer": peer / ours,
+                        "dequant_ms": _bench(lambda: nvfp4_linear.dequantize(q, s8, s2, out=buf))})
+            if tiled is not None:
+                row["tiled_dequant_ms"] = _bench(lambda: nvfp4_linear.dequantize(*tiled, s2, out=buf, tiled_shape=(n, k)))
         rows.append(row)
     return rows
 
@@ -349,9 +357,11 @@ def table(results: dict) -> str:
         else:
             lines.append(f"gemv {r['linear']} M={r['M']} rel err {r['rel_err']}")
     for r in results.get("prefill", []):
-        extra = (f" {r['TFLOP_s']:.0f} TFLOP/s = {r['of_flop_ceiling']:.0%} of ceiling, {r['vs_peer']:.2f}x bf16"
-                 if "ours_ms" in r else "")
-        lines.append(f"prefill {r['linear']:<16} M={r['M']} dequant exact={r['dequant_exact']}{extra}")
+        extra = (f" {r['TFLOP_s']:.0f} TFLOP/s = {r['of_flop_ceiling']:.0%} of ceiling, {r['vs_peer']:.2f}x bf16; "
+                 f"dequant {r['dequant_ms'] * 1000:.0f} us" if "ours_ms" in r else "")
+        extra += f", tiled {r['tiled_dequant_ms'] * 1000:.0f} us" if "tiled_dequant_ms" in r else ""
+        tiled = f" tiled exact={r['tiled_dequant_exact']}" if "tiled_dequant_exact" in r else ""
+        lines.append(f"prefill {r['linear']:<16} M={r['M']} dequant exact={r['dequant_exact']}{tiled}{extra}")
     for r in results.get("attention", []):
         extra = (f" {r['KV_GB_s']:.0f} GB/s = {r['of_roofline']:.0%} roofline, {r['vs_peer']:.2f}x bf16 SDPA"
                  if "ms" in r else f" rel err {r['rel_err']:.1e}")
