@@ -22,6 +22,14 @@ import triton.language as tl
 
 
 @triton.jit
+def _padded_row(window, x, p, C, cols, ok, KM1: tl.constexpr):
+    """Row p of [window rows (K-1) | the new rows]: one of two masked loads (the other reads nothing)."""
+    p = p + tl.zeros_like(cols)
+    return (tl.load(window + p * C + cols, mask=ok & (p < KM1), other=0.0)
+            + tl.load(x + (p - KM1) * C + cols, mask=ok & (p >= KM1), other=0.0))
+
+
+@triton.jit
 def _conv_step_kernel(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS,
                       KM1: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr):
     b, cb = tl.program_id(0), tl.program_id(1)
@@ -30,13 +38,10 @@ def _conv_step_kernel(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_pt
     slot = tl.load(slots_ptr + b)
     window = window_ptr + slot * KM1 * C
     x = x_ptr + b * T * C
-    # position p of [window rows (K-1) | the T new rows]: one of two masked loads (the other reads nothing)
     for j in range(T):
         acc = tl.zeros((BLOCK,), tl.float32)
         for i in tl.static_range(KM1 + 1):
-            p = j + i + tl.zeros_like(cols)
-            row = (tl.load(window + p * C + cols, mask=ok & (p < KM1), other=0.0)
-                   + tl.load(x + (p - KM1) * C + cols, mask=ok & (p >= KM1), other=0.0))
+            row = _padded_row(window, x, j + i, C, cols, ok, KM1)
             acc += row.to(tl.float32) * tl.load(weight_ptr + cols * (KM1 + 1) + i, mask=ok, other=0.0).to(tl.float32)
             if KEEP and i > 0:  # the window after token j: positions j + 1 .. j + K - 1
                 tl.store(keep_ptr + ((slot * KEEP_STEPS + j) * KM1 + i - 1) * C + cols, row, mask=ok)
@@ -47,10 +52,7 @@ def _conv_step_kernel(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_pt
     # the window after the last token: positions T .. T + K - 2; row i is read (at T + i > i) before
     # it is written, ascending
     for i in tl.static_range(KM1):
-        p = T + i + tl.zeros_like(cols)
-        row = (tl.load(window + p * C + cols, mask=ok & (p < KM1), other=0.0)
-               + tl.load(x + (p - KM1) * C + cols, mask=ok & (p >= KM1), other=0.0))
-        tl.store(window + i * C + cols, row, mask=ok)
+        tl.store(window + i * C + cols, _padded_row(window, x, T + i, C, cols, ok, KM1), mask=ok)
 
 
 def conv_step(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor, tokens: int = 1,
