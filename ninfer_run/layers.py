@@ -91,6 +91,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((out, rest), dim=-1)
 
 
+def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, cos: torch.Tensor,
+                  sin: torch.Tensor) -> torch.Tensor:
+    """An attention layer's q or k [T, H, D]: rms_norm, then apply_rope; one fused kernel on CUDA in
+    bf16/fp16 (kernels/norms.py), where the two took ~14 small kernels."""
+    if x.is_cuda and x.dtype in HALF:
+        from .kernels import norms
+
+        return norms.rms_norm_rope(x, weight, eps, offset, cos, sin)
+    return apply_rope(rms_norm_reference(x, weight, eps, offset), cos, sin)
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
     """q [Tq, Hq, D], k/v [Tk, Hkv, D] (GQA); query i sits at absolute position q_offset + i."""
     groups = q.shape[1] // k.shape[1]

@@ -1,5 +1,5 @@
-"""RMSNorm (alone, or after the residual add) and the Gated DeltaNet output norm as one Triton kernel
-each (GPU): the torch versions in
+"""RMSNorm (alone, after the residual add, or followed by an attention layer's partial RoPE) and the
+Gated DeltaNet output norm as one Triton kernel each (GPU): the torch versions in
 layers.py take ~9 small kernels per call, and a 27B decode step makes ~210 of these calls
 (tools/results/decode_profile_h200.txt: host launch overhead dominates decode).
 
@@ -23,9 +23,21 @@ def _round(v, dtype: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, D, eps, offset,
+def _weighted(normed, w_ptr, d, ok, offset, dtype: tl.constexpr, OFFSET: tl.constexpr, IN_DTYPE: tl.constexpr):
+    """The normalized values times the weight (at columns d), as the reference rounds them."""
+    w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
+    if OFFSET:
+        return normed * (offset + w)
+    elif IN_DTYPE:  # weight and cast value multiplied in the activation dtype (rounded)
+        return _round(_round(w, dtype) * _round(normed, dtype), dtype)
+    else:  # a float32 weight promotes the product to float32
+        return w * _round(normed, dtype)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, D, eps, offset, HEADS, RD,
                      BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
-                     RESIDUAL: tl.constexpr):
+                     RESIDUAL: tl.constexpr, ROPE: tl.constexpr):
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     ok = d < D
@@ -34,14 +46,20 @@ def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, D, eps, offset,
     if RESIDUAL:  # the residual sum x + h, rounded as torch's add rounds it, is stored and normalized
         x = _round(x + tl.load(h_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32), dtype)
         tl.store(s_ptr + row * D + d, x.to(dtype), mask=ok)
-    normed = x * tl.rsqrt(tl.sum(x * x, 0) / D + eps)
-    w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
-    if OFFSET:
-        y = normed * (offset + w)
-    elif IN_DTYPE:  # weight and cast value multiplied in the activation dtype (rounded)
-        y = _round(_round(w, dtype) * _round(normed, dtype), dtype)
-    else:  # a float32 weight promotes the product to float32
-        y = w * _round(normed, dtype)
+    rstd = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
+    y = _weighted(x * rstd, w_ptr, d, ok, offset, dtype, OFFSET, IN_DTYPE)
+    if ROPE:  # layers.apply_rope on the normed row (NeoX halves over the first RD columns), as it rounds
+        half = RD // 2
+        partner = tl.where(d < half, d + half, tl.where(d < RD, d - half, d))  # the rotate_half source
+        xp = tl.load(x_ptr + row * D + partner, mask=ok, other=0.0).to(tl.float32)
+        yp = _round(_weighted(xp * rstd, w_ptr, partner, ok, offset, dtype, OFFSET, IN_DTYPE), dtype)
+        t = row // HEADS  # rows are [token, head]
+        rot = d < RD
+        cos = tl.load(cos_ptr + t * RD + d, mask=rot, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + t * RD + d, mask=rot, other=0.0).to(tl.float32)
+        rotated = tl.where(d < half, -yp, yp)
+        roped = _round(_round(_round(y, dtype) * cos, dtype) + _round(rotated * sin, dtype), dtype)
+        y = tl.where(rot, roped, y)
     if GATED:
         g = tl.load(g_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32)
         y = y * (g / (1.0 + tl.exp(-g)))
@@ -49,23 +67,32 @@ def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, D, eps, offset,
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gate: torch.Tensor | None,
-            in_dtype: bool, residual: torch.Tensor | None = None):
-    """-> normed (and, with `residual`, first the sum x + residual that was normalized)."""
+            in_dtype: bool, residual: torch.Tensor | None = None, rope: tuple | None = None):
+    """-> normed (and, with `residual`, first the sum x + residual that was normalized); `rope`: (cos,
+    sin) [T, RD] for x [T, H, D], applied to the normed rows."""
     d = x.shape[-1]
     x2 = x.reshape(-1, d).contiguous()
     g2 = gate.reshape(-1, d).contiguous() if gate is not None else x2
     h2 = residual.reshape(-1, d).contiguous() if residual is not None else x2
+    cos, sin = (t.contiguous() for t in rope) if rope is not None else (x2, x2)
     y = torch.empty_like(x2)
     s = torch.empty_like(x2) if residual is not None else y
-    _rms_norm_kernel[(x2.shape[0],)](x2, weight.contiguous(), g2, y, h2, s, d, eps, float(offset),
+    _rms_norm_kernel[(x2.shape[0],)](x2, weight.contiguous(), g2, y, h2, s, cos, sin, d, eps, float(offset),
+                                     x.shape[-2] if rope is not None else 1, cos.shape[-1] if rope is not None else 0,
                                      BLOCK=triton.next_power_of_2(d), OFFSET=bool(offset), GATED=gate is not None,
-                                     IN_DTYPE=in_dtype, RESIDUAL=residual is not None)
+                                     IN_DTYPE=in_dtype, RESIDUAL=residual is not None, ROPE=rope is not None)
     return (s.view(x.shape), y.view(x.shape)) if residual is not None else y.view(x.shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
     """layers.rms_norm's contract, one kernel."""
     return _launch(x, weight, eps, offset, None, in_dtype=True)
+
+
+def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, cos: torch.Tensor,
+                  sin: torch.Tensor) -> torch.Tensor:
+    """layers.rms_norm_rope's contract (q/k norm, then partial RoPE), one kernel."""
+    return _launch(x, weight, eps, offset, None, in_dtype=True, rope=(cos, sin))
 
 
 def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float,

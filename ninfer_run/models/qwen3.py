@@ -5,12 +5,13 @@ Oracle: transformers' `modeling_qwen3.py`. Shares layers and the per-sequence st
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..layers import add_rms_norm, apply_rope, linear, rms_norm, rope_cos_sin, swiglu_mlp
+from ..layers import add_rms_norm, linear, rms_norm, rms_norm_rope, rope_cos_sin, swiglu_mlp
 from ..state import Segments, advance, attend, rope_positions
 from .base import CausalLM
 
@@ -47,14 +48,16 @@ class Model(CausalLM):
     def device(self) -> torch.device:
         return self.w["model.embed_tokens.weight"].device
 
-    def _attention(self, p: str, x: torch.Tensor, i: int, segments: Segments) -> torch.Tensor:
+    def _attention(self, p: str, x: torch.Tensor, i: int, segments: Segments, rope) -> torch.Tensor:
+        """`rope()` gives the rows' (cos, sin), shared by the forward's layers."""
         c, w = self.cfg, self.w
         t = x.shape[0]
-        q = rms_norm(linear(x, w[p + "q_proj.weight"]).view(t, c.num_heads, c.head_dim), w[p + "q_norm.weight"], c.eps, 0.0)
-        k = rms_norm(linear(x, w[p + "k_proj.weight"]).view(t, c.num_kv_heads, c.head_dim), w[p + "k_norm.weight"], c.eps, 0.0)
+        cos, sin = rope()
+        q = rms_norm_rope(linear(x, w[p + "q_proj.weight"]).view(t, c.num_heads, c.head_dim), w[p + "q_norm.weight"],
+                          c.eps, 0.0, cos, sin)
+        k = rms_norm_rope(linear(x, w[p + "k_proj.weight"]).view(t, c.num_kv_heads, c.head_dim),
+                          w[p + "k_norm.weight"], c.eps, 0.0, cos, sin)
         v = linear(x, w[p + "v_proj.weight"]).view(t, c.num_kv_heads, c.head_dim)
-        cos, sin = rope_cos_sin(rope_positions(segments).to(x.device), c.head_dim, c.rope_theta, x.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return linear(attend(segments, i, q, k, v).reshape(t, -1), w[p + "o_proj.weight"])
 
     has_mtp = False
@@ -66,9 +69,12 @@ class Model(CausalLM):
         """Every layer over the rows of `segments` -> final-norm hidden [rows, H]; advances the states."""
         c, w = self.cfg, self.w
         x = F.embedding(tokens.to(w["model.embed_tokens.weight"].device), w["model.embed_tokens.weight"])
+        rope = functools.cache(lambda: rope_cos_sin(rope_positions(segments).to(x.device), c.head_dim, c.rope_theta,
+                                                    x.dtype))
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            h = self._attention(p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], c.eps, 0.0), i, segments)
+            h = self._attention(p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], c.eps, 0.0), i, segments,
+                                rope)
             x, y = add_rms_norm(x, h, w[p + "post_attention_layernorm.weight"], c.eps, 0.0)
             x = x + swiglu_mlp(y, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
         advance(segments)

@@ -7,13 +7,14 @@ through kernels/gated_delta.py (fla-core on CUDA, the per-token reference loop e
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates
-from ..layers import add_rms_norm, apply_rope, gated_rms_norm, linear, rms_norm, rope_cos_sin, swiglu_mlp
+from ..layers import add_rms_norm, gated_rms_norm, linear, rms_norm, rms_norm_rope, rope_cos_sin, swiglu_mlp
 from ..state import Segments, SequenceState, advance, attend, per_sequence, rope_positions
 from ..static_step import StaticBatch
 from .base import CausalLM
@@ -177,19 +178,25 @@ class Model(CausalLM):
         conv = gdn_decode.conv_step(qkv, windows, self._conv_weight(i, qkv.dtype), slots, tokens, keep_windows)
         return gdn_decode.recurrent_step(conv, g, beta, states, slots, self.cfg.k_heads, tokens, keep_states)
 
-    def _attention(self, w, x: torch.Tensor, key: int, segments: Segments) -> torch.Tensor:
-        """Gated full attention; `w(name)` looks up this layer's tensors, `key` names its KV slot."""
+    def _rope(self, segments: Segments, like: torch.Tensor):
+        """-> a function giving the rows' RoPE (cos, sin), computed at the first call: every attention
+        layer of a forward shares it."""
+        c = self.cfg
+        return functools.cache(lambda: rope_cos_sin(rope_positions(segments).to(like.device), c.rotary_dim,
+                                                    c.rope_theta, like.dtype, c.mrope_section))
+
+    def _attention(self, w, x: torch.Tensor, key: int, segments: Segments, rope) -> torch.Tensor:
+        """Gated full attention; `w(name)` looks up this layer's tensors, `key` names its KV slot, `rope()`
+        gives the rows' (cos, sin)."""
         c = self.cfg
         t = x.shape[0]
+        cos, sin = rope()
         qg = linear(x, w("self_attn.q_proj.weight")).view(t, c.num_heads, 2 * c.head_dim)
         q, gate = qg[..., : c.head_dim], qg[..., c.head_dim :]
-        q = rms_norm(q, w("self_attn.q_norm.weight"), c.eps, 1.0)
-        k = rms_norm(linear(x, w("self_attn.k_proj.weight")).view(t, c.num_kv_heads, c.head_dim),
-                     w("self_attn.k_norm.weight"), c.eps, 1.0)
+        q = rms_norm_rope(q, w("self_attn.q_norm.weight"), c.eps, 1.0, cos, sin)
+        k = rms_norm_rope(linear(x, w("self_attn.k_proj.weight")).view(t, c.num_kv_heads, c.head_dim),
+                          w("self_attn.k_norm.weight"), c.eps, 1.0, cos, sin)
         v = linear(x, w("self_attn.v_proj.weight")).view(t, c.num_kv_heads, c.head_dim)
-        cos, sin = rope_cos_sin(rope_positions(segments).to(x.device), c.rotary_dim, c.rope_theta, x.dtype,
-                                c.mrope_section)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attend(segments, key, q, k, v).reshape(t, -1)
         o = o * torch.sigmoid(gate.reshape(t, -1))
         return linear(o, w("self_attn.o_proj.weight"))
@@ -209,12 +216,13 @@ class Model(CausalLM):
             images = segments[0][0].image_embeddings(tokens.shape[0])
             if images is not None:
                 x[images[0].to(x.device)] = images[1].to(x.device, x.dtype)
+        rope = self._rope(segments, x)
         for i, kind in enumerate(c.layer_types):
             w = (lambda name, i=i: self._p(f"layers.{i}.{name}"))
             if kind == "linear_attention":
                 x = self._layer(w, x, lambda h, i=i: self._gdn(i, h, segments))
             else:
-                x = self._layer(w, x, lambda h, i=i, w=w: self._attention(w, h, i, segments))
+                x = self._layer(w, x, lambda h, i=i, w=w: self._attention(w, h, i, segments, rope))
         advance(segments)
         return rms_norm(x, self._p("norm.weight"), c.eps, 1.0)
 
@@ -239,7 +247,7 @@ class Model(CausalLM):
         h = rms_norm(hidden, w["mtp.pre_fc_norm_hidden.weight"], c.eps, 1.0)
         u = linear(torch.cat((e, h), dim=-1), w["mtp.fc.weight"])
         layer = (lambda name: w[f"mtp.layers.0.{name}"])
-        u = self._layer(layer, u, lambda x: self._attention(layer, x, -1, segments))
+        u = self._layer(layer, u, lambda x: self._attention(layer, x, -1, segments, self._rope(segments, x)))
         d = rms_norm(u, w["mtp.norm.weight"], c.eps, 1.0)
         return d, linear(d, self.lm_head)
 

@@ -1,5 +1,6 @@
 """The fused small ops against their torch references on fresh inputs: RMSNorm (zero-centred offset
-and plain weights, q/k-norm shaped rows), the gated GDN output norm, the GDN gates.
+and plain weights, q/k-norm shaped rows, alone and followed by partial RoPE), the gated GDN output
+norm, the GDN gates.
 On a CPU the interpreter runs them in fp16 (its float32 -> bf16 cast truncates instead of rounding;
 in fp16 the results were bit-identical); on a GPU in bf16."""
 
@@ -29,6 +30,21 @@ def test_rms_norm_matches_reference(shape, offset):
     got, want = norms.rms_norm(x, w, 1e-6, offset), layers.rms_norm_reference(x, w, 1e-6, offset)
     assert got.shape == want.shape and got.dtype == want.dtype
     assert _rel(got, want) < 4e-3  # sums may associate differently: rare 1-ulp flips of the output
+
+
+@pytest.mark.parametrize("heads,dim,rotary", [(3, 256, 64), (2, 128, 128)])  # Qwen3.5's partial, Qwen3's full
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_rope_matches_reference(heads, dim, rotary, offset):
+    g = torch.Generator().manual_seed(heads + dim + rotary)
+    t = 5
+    x = (torch.randn(t, heads, dim, generator=g) * 3).to(DEVICE, DTYPE)
+    w = (torch.randn(dim, generator=g) * 0.1 + (0 if offset else 1)).to(DEVICE, DTYPE)
+    cos, sin = layers.rope_cos_sin(torch.tensor([0, 7, 8, 9, 1000], device=DEVICE), rotary, 1e7, DTYPE)
+    got = norms.rms_norm_rope(x, w, 1e-6, offset, cos, sin)
+    want = layers.apply_rope(layers.rms_norm_reference(x, w, 1e-6, offset), cos, sin)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    # as the norm alone: sums may associate differently (rare 1-ulp flips); the rotated columns by themselves
+    assert _rel(got, want) < 4e-3 and _rel(got[..., :rotary], want[..., :rotary]) < 4e-3
 
 
 @pytest.mark.parametrize("weight_dtype", ["same", "float32"])
