@@ -105,7 +105,12 @@ class BlockPool:
 
     def write_slots(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store row i of k/v [R, H, D] at flat slot slots[i] (block * block_size + offset), a device
-        tensor: no host value is read, so a CUDA graph can capture the write."""
+        tensor: no host value is read, so a CUDA graph can capture the write. An INT8 pool on the GPU
+        takes one Triton kernel for it (kernels/kv_write.py)."""
+        if self.layout.dtype == "int8" and self.k.is_cuda:
+            from ..kernels import kv_write
+
+            return kv_write.write_slots(self, layer, slots, k, v)
         bs = self.layout.block_size
         self._store(layer, slots // bs, slots % bs, k, v)
 
