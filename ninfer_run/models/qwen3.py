@@ -71,14 +71,18 @@ class Model(CausalLM):
         x = F.embedding(tokens.to(w["model.embed_tokens.weight"].device), w["model.embed_tokens.weight"])
         rope = functools.cache(lambda: rope_cos_sin(rope_positions(segments).to(x.device), c.head_dim, c.rope_theta,
                                                     x.dtype))
+        pending = None  # the previous layer's MLP output: the next norm's fused kernel adds it to x
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            h = self._attention(p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], c.eps, 0.0), i, segments,
-                                rope)
-            x, y = add_rms_norm(x, h, w[p + "post_attention_layernorm.weight"], c.eps, 0.0)
-            x = x + swiglu_mlp(y, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
+            if pending is None:
+                normed = rms_norm(x, w[p + "input_layernorm.weight"], c.eps, 0.0)
+            else:
+                x, normed = add_rms_norm(x, pending, w[p + "input_layernorm.weight"], c.eps, 0.0)
+            x, y = add_rms_norm(x, self._attention(p + "self_attn.", normed, i, segments, rope),
+                                w[p + "post_attention_layernorm.weight"], c.eps, 0.0)
+            pending = swiglu_mlp(y, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
         advance(segments)
-        return rms_norm(x, w["model.norm.weight"], c.eps, 0.0)
+        return add_rms_norm(x, pending, w["model.norm.weight"], c.eps, 0.0)[1]
 
     @property
     def lm_head(self) -> torch.Tensor:

@@ -201,11 +201,16 @@ class Model(CausalLM):
         o = o * torch.sigmoid(gate.reshape(t, -1))
         return linear(o, w("self_attn.o_proj.weight"))
 
-    def _layer(self, w, x: torch.Tensor, mixer) -> torch.Tensor:
+    def _layer(self, w, x: torch.Tensor, pending: torch.Tensor | None, mixer) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder layer on the residual stream x + pending (the previous layer's MLP output, which
+        the input norm's fused kernel adds) -> (the stream before this layer's MLP output, that output)."""
         c = self.cfg
-        x, y = add_rms_norm(x, mixer(rms_norm(x, w("input_layernorm.weight"), c.eps, 1.0)),
-                            w("post_attention_layernorm.weight"), c.eps, 1.0)
-        return x + swiglu_mlp(y, w("mlp.gate_proj.weight"), w("mlp.up_proj.weight"), w("mlp.down_proj.weight"))
+        if pending is None:
+            h = rms_norm(x, w("input_layernorm.weight"), c.eps, 1.0)
+        else:
+            x, h = add_rms_norm(x, pending, w("input_layernorm.weight"), c.eps, 1.0)
+        x, y = add_rms_norm(x, mixer(h), w("post_attention_layernorm.weight"), c.eps, 1.0)
+        return x, swiglu_mlp(y, w("mlp.gate_proj.weight"), w("mlp.up_proj.weight"), w("mlp.down_proj.weight"))
 
     def _run(self, tokens: torch.Tensor, segments: Segments) -> torch.Tensor:
         """Every layer over the rows of `segments` -> final-norm hidden [rows, H]; advances the states."""
@@ -216,15 +221,15 @@ class Model(CausalLM):
             images = segments[0][0].image_embeddings(tokens.shape[0])
             if images is not None:
                 x[images[0].to(x.device)] = images[1].to(x.device, x.dtype)
-        rope = self._rope(segments, x)
+        rope, pending = self._rope(segments, x), None
         for i, kind in enumerate(c.layer_types):
             w = (lambda name, i=i: self._p(f"layers.{i}.{name}"))
             if kind == "linear_attention":
-                x = self._layer(w, x, lambda h, i=i: self._gdn(i, h, segments))
+                x, pending = self._layer(w, x, pending, lambda h, i=i: self._gdn(i, h, segments))
             else:
-                x = self._layer(w, x, lambda h, i=i, w=w: self._attention(w, h, i, segments, rope))
+                x, pending = self._layer(w, x, pending, lambda h, i=i, w=w: self._attention(w, h, i, segments, rope))
         advance(segments)
-        return rms_norm(x, self._p("norm.weight"), c.eps, 1.0)
+        return add_rms_norm(x, pending, self._p("norm.weight"), c.eps, 1.0)[1]
 
     @property
     def has_mtp(self) -> bool:
@@ -247,8 +252,8 @@ class Model(CausalLM):
         h = rms_norm(hidden, w["mtp.pre_fc_norm_hidden.weight"], c.eps, 1.0)
         u = linear(torch.cat((e, h), dim=-1), w["mtp.fc.weight"])
         layer = (lambda name: w[f"mtp.layers.0.{name}"])
-        u = self._layer(layer, u, lambda x: self._attention(layer, x, -1, segments, self._rope(segments, x)))
-        d = rms_norm(u, w["mtp.norm.weight"], c.eps, 1.0)
+        u, pending = self._layer(layer, u, None, lambda x: self._attention(layer, x, -1, segments, self._rope(segments, x)))
+        d = add_rms_norm(u, pending, w["mtp.norm.weight"], c.eps, 1.0)[1]
         return d, linear(d, self.lm_head)
 
     def gdn_state_shapes(self, dtype: torch.dtype) -> dict[int, tuple[tuple[int, ...], torch.dtype, tuple[int, ...]]]:
