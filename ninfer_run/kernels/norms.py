@@ -27,11 +27,12 @@ def _weighted(normed, w_ptr, d, ok, offset, dtype: tl.constexpr, OFFSET: tl.cons
     """The normalized values times the weight (at columns d), as the reference rounds them."""
     w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
     if OFFSET:
-        return normed * (offset + w)
+        y = normed * (offset + w)
     elif IN_DTYPE:  # weight and cast value multiplied in the activation dtype (rounded)
-        return _round(_round(w, dtype) * _round(normed, dtype), dtype)
+        y = _round(_round(w, dtype) * _round(normed, dtype), dtype)
     else:  # a float32 weight promotes the product to float32
-        return w * _round(normed, dtype)
+        y = w * _round(normed, dtype)
+    return y
 
 
 @triton.jit
