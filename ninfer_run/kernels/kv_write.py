@@ -3,8 +3,8 @@ slots, K and V in one Triton kernel (GPU). The torch form (kv/quant.quantize_kv 
 indexed stores) is ~28 small kernels per attention layer and step: ~450 of a 27B decode step's.
 
 Bit for bit the reference's: scale = fp16(amax / 127) (1 where 0), value = round-half-even(x / scale)
-clamped to +-127, the division correctly rounded (div_rn, as torch divides) and the rounding by the
-float32 1.5 * 2^23 addition (exact for |x / scale| <= 127.5)."""
+clamped to +-127, both divisions correctly rounded (div_rn, as torch divides; Triton's `/` is not) and
+the rounding by the float32 1.5 * 2^23 addition (exact for |x / scale| <= 127.5)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def _quantize_store(x_ptr, q_ptr, s_ptr, row, h, dest, H: tl.constexpr, D: tl.co
     groups = tl.arange(0, D // 64)
     d = groups[:, None] * 64 + tl.arange(0, 64)[None, :]  # [groups, 64]
     x = tl.load(x_ptr + (row * H + h) * D + d).to(tl.float32)
-    scale = (tl.max(tl.abs(x), 1) / 127.0).to(tl.float16, fp_downcast_rounding="rtne")
+    amax = tl.max(tl.abs(x), 1)
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)).to(tl.float16, fp_downcast_rounding="rtne")
     scale = tl.where(scale == 0, 1.0, scale.to(tl.float32)).to(tl.float16)
     y = tl.math.div_rn(x, scale.to(tl.float32)[:, None])
     y = (y + 12582912.0) - 12582912.0  # round half to even (float32 addition rounds so)
