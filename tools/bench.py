@@ -115,7 +115,10 @@ def _profiled(run, profile_to: Path | None) -> None:
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         run()
     ops = prof.key_averages()
-    profile_to.write_text(ops.table(sort_by="self_cuda_time_total", row_limit=30) + "\n"
+    kernels = [e for e in ops if e.device_type == torch.autograd.DeviceType.CUDA]
+    head = (f"GPU kernels launched: {sum(e.count for e in kernels)}, their time: "
+            f"{sum(e.self_device_time_total for e in kernels) / 1000:.2f} ms\n")
+    profile_to.write_text(head + ops.table(sort_by="self_cuda_time_total", row_limit=30) + "\n"
                           + ops.table(sort_by="self_cpu_time_total", row_limit=30))
 
 
