@@ -7,6 +7,8 @@ references the kernels are tested against.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -79,6 +81,13 @@ def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: 
         freqs = positions.float()[axis].T * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rope_once(positions, rotary_dim: int, theta: float, like: torch.Tensor, mrope_section: tuple[int, ...] | None = None):
+    """-> a function giving rope_cos_sin(positions()) on `like`'s device and dtype, computed at its first
+    call: every attention layer of a forward shares one."""
+    return functools.cache(lambda: rope_cos_sin(positions().to(like.device), rotary_dim, theta, like.dtype,
+                                                mrope_section))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -98,10 +98,11 @@ def _signless_scales(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[
     codes change sign instead (E2M1's sign bit, 0x88 per byte), so the GEMV decodes a scale with no sign
     or zero case (csrc scales_tiled)."""
     s = block_scale.view(torch.uint8)
-    zero = ((s & 0x7F) == 0).repeat_interleave(8, dim=1)  # 16 codes (8 bytes) per scale
+    magnitude = s & 0x7F
+    zero = (magnitude == 0).repeat_interleave(8, dim=1)  # 16 codes (8 bytes) per scale
     negative = ((s & 0x80) != 0).repeat_interleave(8, dim=1)
     codes = torch.where(zero, 0, torch.where(negative, qweight ^ 0x88, qweight))
-    return codes, torch.where((s & 0x7F) == 0, 0, s & 0x7F)
+    return codes, magnitude
 
 
 def encode_views(qweight: torch.Tensor) -> torch.Tensor:

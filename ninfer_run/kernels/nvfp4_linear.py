@@ -90,10 +90,6 @@ def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BL
         hi_rows, g, block = (rn[:, None] % 16) // 8, rn[:, None] % 8, half[None, :] // 8
         q_off = tile * 1024 + hi_rows * 512 + (4 * g + (half[None, :] % 64) // 16) * 16 + half[None, :] % 16
         s_off = tile * 128 + (4 * g + (block % 8) // 2) * 4 + hi_rows * 2 + block % 2
-    else:
-        q_off = rn[:, None] * (K // 2) + half[None, :]
-        s_off = rn[:, None] * (K // 16) + (half // 8)[None, :]
-    if TILED:
         view = half[None, :] % 4
         word = tl.load((q_ptr + q_off - view).to(tl.pointer_type(tl.int32)), mask=ok, other=0)
         em = tl.where(view == 0, 6, tl.where(view == 1, 0, tl.where(view == 2, 3, 11)))
@@ -101,7 +97,8 @@ def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BL
         low = ((word >> em) & 7) | (((word >> sign) & 1) << 3)
         high = ((word >> (em + 16)) & 7) | (((word >> (sign + 16)) & 1) << 3)
     else:
-        codes = tl.load(q_ptr + q_off, mask=ok, other=0).to(tl.int32)
+        s_off = rn[:, None] * (K // 16) + (half // 8)[None, :]
+        codes = tl.load(q_ptr + rn[:, None] * (K // 2) + half[None, :], mask=ok, other=0).to(tl.int32)
         low, high = codes & 15, codes >> 4
     scale = _e4m3_times_2m8(tl.load(s_ptr + s_off, mask=ok, other=0).to(tl.int32)) * 256.0
     per_block = scale * tl.load(s2_ptr)  # the reference's order: (block scale * s2), then times the value

@@ -5,13 +5,12 @@ Oracle: transformers' `modeling_qwen3.py`. Shares layers and the per-sequence st
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..layers import add_rms_norm, linear, rms_norm, rms_norm_rope, rope_cos_sin, swiglu_mlp
+from ..layers import add_rms_norm, linear, rms_norm, rms_norm_rope, rope_once, swiglu_mlp
 from ..state import Segments, advance, attend, rope_positions
 from .base import CausalLM
 
@@ -69,8 +68,7 @@ class Model(CausalLM):
         """Every layer over the rows of `segments` -> final-norm hidden [rows, H]; advances the states."""
         c, w = self.cfg, self.w
         x = F.embedding(tokens.to(w["model.embed_tokens.weight"].device), w["model.embed_tokens.weight"])
-        rope = functools.cache(lambda: rope_cos_sin(rope_positions(segments).to(x.device), c.head_dim, c.rope_theta,
-                                                    x.dtype))
+        rope = rope_once(lambda: rope_positions(segments), c.head_dim, c.rope_theta, x)
         pending = None  # the previous layer's MLP output: the next norm's fused kernel adds it to x
         for i in range(c.num_layers):
             p = f"model.layers.{i}."

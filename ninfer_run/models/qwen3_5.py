@@ -7,14 +7,13 @@ through kernels/gated_delta.py (fla-core on CUDA, the per-token reference loop e
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates
-from ..layers import add_rms_norm, gated_rms_norm, linear, rms_norm, rms_norm_rope, rope_cos_sin, swiglu_mlp
+from ..layers import add_rms_norm, gated_rms_norm, linear, rms_norm, rms_norm_rope, rope_once, swiglu_mlp
 from ..state import Segments, SequenceState, advance, attend, per_sequence, rope_positions
 from ..static_step import StaticBatch
 from .base import CausalLM
@@ -179,11 +178,9 @@ class Model(CausalLM):
         return gdn_decode.recurrent_step(conv, g, beta, states, slots, self.cfg.k_heads, tokens, keep_states)
 
     def _rope(self, segments: Segments, like: torch.Tensor):
-        """-> a function giving the rows' RoPE (cos, sin), computed at the first call: every attention
-        layer of a forward shares it."""
+        """-> the rows' RoPE (cos, sin) as layers.rope_once."""
         c = self.cfg
-        return functools.cache(lambda: rope_cos_sin(rope_positions(segments).to(like.device), c.rotary_dim,
-                                                    c.rope_theta, like.dtype, c.mrope_section))
+        return rope_once(lambda: rope_positions(segments), c.rotary_dim, c.rope_theta, like, c.mrope_section)
 
     def _attention(self, w, x: torch.Tensor, key: int, segments: Segments, rope) -> torch.Tensor:
         """Gated full attention; `w(name)` looks up this layer's tensors, `key` names its KV slot, `rope()`

@@ -191,9 +191,7 @@ __device__ __forceinline__ uint32_t scales_tiled(uint32_t bytes) {
   return ((h >> 3) & 0x0FFF0FFFu) + 0x6A006A00u;
 }
 
-struct Nvfp4Tiled {
-  using Args = Nvfp4::Args;
-  using RowAux = Nvfp4::RowAux;
+struct Nvfp4Tiled : Nvfp4 {  // Nvfp4's arguments, scale bytes and output scale; its own decode
   template <bool kHighTokens>
   __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
                                 const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
@@ -208,7 +206,6 @@ struct Nvfp4Tiled {
       a[3] = bf16x2_mul(h ? fp4_view<3>(vh) : fp4_view<1>(vh), sh[t >> 1]);
     });
   }
-  __device__ static float out_scale(const Nvfp4::Args& a) { return Nvfp4::out_scale(a); }
 };
 
 // Nibble pair (i, i + 4) of word w as bf16 halves 128 + nibble. I is 0..3.
