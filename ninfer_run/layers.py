@@ -129,8 +129,16 @@ def linear(x: torch.Tensor, weight) -> torch.Tensor:
     return F.linear(x, weight) if isinstance(weight, torch.Tensor) else weight(x)
 
 
+def linear_group(x: torch.Tensor, weights: list) -> list[torch.Tensor]:
+    """[linear(x, w) for w in weights] for weights that read the same x; quantized ones whose GEMVs can
+    share one launch (kernels/linear.py: decode rows on the CUDA kernels) do."""
+    group = None if isinstance(weights[0], torch.Tensor) else getattr(weights[0], "group", None)
+    out = group(x, weights) if group is not None else None
+    return out if out is not None else [linear(x, w) for w in weights]
+
+
 def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
-    return linear(silu_mul(linear(x, gate), linear(x, up)), down)
+    return linear(silu_mul(*linear_group(x, [gate, up])), down)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

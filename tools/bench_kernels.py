@@ -340,6 +340,64 @@ def floor_sweep(device: str) -> list[dict]:
     return rows
 
 
+CHAIN_LAYERS = 16  # distinct weights: 2.4 GB, 40x the L2
+
+
+def mlp_chain(device: str) -> list[dict]:
+    """The 27B's MLP block (RMSNorm, gate and up, SiLU-mul, down) over CHAIN_LAYERS layers of distinct
+    weights in one CUDA graph, as the engine's decode graphs replay it (M = 1), launched each way: the
+    three GEMVs apart, gate and up as one launch (grouped), and grouped as programmatic dependent launches
+    (pdl); beside it a flat read of the same weight bytes, one launch per weight (tools/csrc
+    gemv_read_floor.cu), in the same graph form: what a chain of memory-bound launches can reach."""
+    from ninfer_run.kernels import norms
+    from ninfer_run.layers import silu_mul
+
+    assert cuda_ops.available(), "the CUDA GEMVs did not build"  # (loads torch.ops.ninfer)
+    hidden, inter = 5120, 17408
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    shapes = {"up": (inter, hidden), "down": (hidden, inter)}
+    base = {name: cuda_ops.tile_nvfp4(*_nvfp4_weight(n, k, device)[:2]) for name, (n, k) in shapes.items()}
+    s2 = torch.ones(1, device=device)
+    layers = [{name: tuple(t.clone() for t in base[b]) for name, b in (("gate", "up"), ("up", "up"), ("down", "down"))}
+              for _ in range(CHAIN_LAYERS)]
+    norm_w = torch.rand(hidden, device=device, dtype=torch.bfloat16)
+    x = torch.randn(1, hidden, device=device, dtype=torch.bfloat16)
+    layer_bytes = sum(n * k // 2 + n * k // 16 for n, k in (shapes["up"], shapes["up"], shapes["down"]))
+    floor = _read_floor()
+    sink = torch.empty(8 * sms * 16 * 32, dtype=torch.int32, device=device)
+
+    def block(w, grouped: bool, pdl: bool):
+        h = norms.rms_norm(x, norm_w, 1e-6, 1.0)
+        if grouped:
+            g, u = cuda_ops.nvfp4_gemv_group(h, [(*w["gate"], s2), (*w["up"], s2)], tiled=True, pdl=pdl)
+        else:
+            g, u = (cuda_ops.nvfp4_gemv_group(h, [(*w[name], s2)], tiled=True, pdl=pdl)[0] for name in ("gate", "up"))
+        cuda_ops.nvfp4_gemv_group(silu_mul(g, u), [(*w["down"], s2)], tiled=True, pdl=pdl)
+
+    def reads(w):
+        for name in ("gate", "up", "down"):
+            n, k = shapes["down" if name == "down" else "up"]
+            floor(w[name][0], w[name][1], sink, n, k, "flat", 1, 4, 4 * sms)
+
+    variants = {"separate": lambda w: block(w, False, False), "grouped": lambda w: block(w, True, False),
+                "grouped+pdl": lambda w: block(w, True, True), "flat read": reads}
+    rows = []
+    for name, body in variants.items():
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            body(layers[0])  # compile / warm up outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for w in layers:
+                    body(w)
+        graph.replay()
+        torch.cuda.synchronize()
+        ms = _bench(graph.replay)
+        us = 1000 * ms / CHAIN_LAYERS
+        rows.append({"variant": name, "us_per_layer": us, "GB_s": layer_bytes / us / 1e3, "layer_bytes": layer_bytes})
+    return rows
+
+
 def table(results: dict) -> str:
     lines = []
     c = results.get("ceilings")
@@ -396,6 +454,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, checks only (works on a CPU)")
     parser.add_argument("--gemv-only", action="store_true", help="only the decode GEMVs (a quick kernel iteration)")
     parser.add_argument("--floor-sweep", action="store_true", help="only the GEMV's loads in each work layout")
+    parser.add_argument("--chain", action="store_true", help="only the MLP block in a CUDA graph, each launch way")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -411,6 +470,13 @@ def main() -> None:
         for r in rows:
             print(f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} {r['blocks_per_sm']}/SM "
                   f"{r['us']:6.1f} us {r['GB_s']:6.0f} GB/s ({r['GB_s'] / ceil['copy_GB_s']:.0%} of copy)")
+        return
+    if args.chain:
+        rows = mlp_chain(device)
+        write_results(args.out, "bench_chain_h200", {"ceilings": ceil, "mlp_chain": rows})
+        for r in rows:
+            print(f"chain {r['variant']:<12} {r['us_per_layer']:6.1f} us/layer {r['GB_s']:6.0f} GB/s "
+                  f"({r['GB_s'] / ceil['copy_GB_s']:.0%} of copy)")
         return
     results["decode_gemv"] = linears(device, dtype, shapes, ceil, gpu)
     if args.gemv_only:

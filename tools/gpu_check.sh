@@ -6,11 +6,12 @@
 #   quant   tools/bench_quant.py --device cuda: GPU quantizer bytes == CPU bytes, GB/s
 #   gemv    tools/bench_kernels.py --gemv-only: the decode GEMVs alone, every CUDA (tiles, warps) shape
 #   floor   tools/bench_kernels.py --floor-sweep: the GEMV's loads alone in each work layout
+#   chain   tools/bench_kernels.py --chain: the MLP block in a CUDA graph, GEMVs apart / grouped / PDL
 #   kernels tools/bench_kernels.py: each kernel vs the roofline and its bf16 peer
 #   bench   tools/bench.py: the full-size qwen3.8-27b through the engine vs transformers
 #   sass    the engine's NVFP4 GEMV (tiled, M <= 8, 8 warps, depth 2) disassembled: gemv_sass.txt and
 #           its instruction counts by opcode (what the arithmetic costs per tile)
-# Logs and JSON/PNG land in $OUT.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [kernels] [bench] [sass]
+# Logs and JSON/PNG land in $OUT.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [kernels] [bench] [sass]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; BENCH_ARGS are passed
 # to bench.py (e.g. "--profiles nvfp4 --profile-prefill 32768"), TESTS_ARGS to pytest (e.g. "tests/kernels").
 set -uo pipefail
@@ -18,7 +19,7 @@ OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stages=${*:-tests quant kernels bench}
-GEMV_SYMBOL=_ZN11ninfer_sm904gemvINS_10Nvfp4TiledELb0ELi8ELi2ELb1EEEvPK13__nv_bfloat16PKhNT_4ArgsEPS2_iii
+GEMV_SYMBOL=_ZN11ninfer_sm904gemvINS_10Nvfp4TiledELb0ELi8ELi2ELb1EEEvPK13__nv_bfloat16NS_5PartsINT_4ArgsEEEii
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -32,6 +33,7 @@ for stage in $stages; do
         quant) timeout ${QUANT_S:-120} python3 tools/bench_quant.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_quant.log" ;;
         gemv) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gemv-only --out "$OUT" 2>&1 | tee "$OUT/bench_gemv.log" | grep gemv | cut -c1-220 ;;
         floor) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --floor-sweep --out "$OUT" 2>&1 | tee "$OUT/bench_floor.log" | grep floor ;;
+        chain) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --chain --out "$OUT" 2>&1 | tee "$OUT/bench_chain.log" | grep chain ;;
         kernels) timeout ${KERNELS_S:-300} python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
         bench) timeout ${BENCH_S:-420} python3 tools/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v Warning ;;
         sass) python3 -c "from ninfer_run.kernels import cuda_ops; assert cuda_ops.available()" \

@@ -12,13 +12,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import EARLY_LAUNCH, launch_dependents
 from .norms import _round
 
 BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr, EARLY: tl.constexpr):
+    launch_dependents(EARLY)  # the down projection's GEMV streams its weights meanwhile
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
     dtype = y_ptr.dtype.element_ty
@@ -32,5 +34,5 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """layers.silu_mul's contract, one kernel."""
     gate, up = gate.contiguous(), up.contiguous()
     y = torch.empty_like(gate)
-    _silu_mul_kernel[(triton.cdiv(gate.numel(), BLOCK),)](gate, up, y, gate.numel(), BLOCK=BLOCK)
+    _silu_mul_kernel[(triton.cdiv(gate.numel(), BLOCK),)](gate, up, y, gate.numel(), BLOCK=BLOCK, EARLY=EARLY_LAUNCH)
     return y

@@ -1,10 +1,30 @@
-"""Pieces the Triton weight kernels share: how far to split K, and the split-K store."""
+"""Pieces the Triton kernels share: how far to split K, the split-K store, and the early launch of the
+kernel that follows."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents
+except ImportError:  # a Triton without grid dependency control
+    gdc_launch_dependents = None
+
+# Whether launch_dependents can run: compiled Triton (not its interpreter) that has the instruction.
+EARLY_LAUNCH = gdc_launch_dependents is not None and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+@triton.jit
+def launch_dependents(ENABLED: tl.constexpr):
+    """Let the next kernel start now if it was launched as a programmatic dependent (the CUDA GEMVs,
+    csrc/quant_gemv_sm90.cu): it streams its weights while this kernel runs and waits for this one's
+    writes before it reads them. Any other next kernel waits for this one as usual."""
+    if ENABLED:
+        gdc_launch_dependents()
 
 
 def split_k(x: torch.Tensor, n_blocks: int, k_steps: int, programs: int | None) -> int:

@@ -7,9 +7,11 @@ callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off
 
   nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16) -> bf16: csrc/quant_gemv_sm90.cu; reads
                the row-major codes or (the engine's) tile_nvfp4's layout; its reference is
-               nvfp4_linear.reference.
+               nvfp4_linear.reference. nvfp4_gemv_group: up to 3 weights of one x in one launch.
   int4_gemv    the same for int4 group-128 weights (symmetric or with zero points), row-major; its
-               reference is int_linear.reference.
+               reference is int_linear.reference. int4_gemv_group likewise.
+Both launch as programmatic dependents (PDL; NINFER_PDL=0 turns it off): each block streams its first
+weight tiles while the kernel before it finishes.
 """
 
 from __future__ import annotations
@@ -129,25 +131,46 @@ def tile_nvfp4(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.
     return codes, scales.view(n // 16, t, 128)
 
 
+PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependent launches (csrc)
+
+
 def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None,
                tiled_n: int | None = None) -> torch.Tensor:
     """x [M <= 16, K] bf16 -> y [M, N] bf16: nvfp4_linear.reference's float32 sums, rounded once.
     `shape`: (warps, depth), see gemv_shape. `tiled_n`: qweight, block_scale are tile_nvfp4's layout of
     an N = tiled_n weight."""
-    n, k = tiled_n or qweight.shape[0], x.shape[1]
-    warps, depth = shape or gemv_shape(n, k, x.device)
-    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
-    s2 = global_scale.reshape(1).to(device=x.device, dtype=torch.float32)
-    torch.ops.ninfer.nvfp4_gemv(x.contiguous(), qweight, block_scale.view(torch.uint8), s2, y, warps, depth,
-                                tiled_n is not None)
-    return y
+    return nvfp4_gemv_group(x, [(qweight, block_scale, global_scale)], shape, tiled=tiled_n is not None)[0]
+
+
+def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
+                     tiled: bool = False, pdl: bool = PDL) -> list[torch.Tensor]:
+    """nvfp4_gemv of 1 to 3 weights (qweight, block_scale, global_scale) that read the same x, as one
+    launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `shape` as for their total N."""
+    rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
+    ys = _outputs(x, rows)
+    warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)
+    s2 = [g.reshape(1).to(device=x.device, dtype=torch.float32) for _, _, g in weights]
+    torch.ops.ninfer.nvfp4_gemv(x.contiguous(), [q for q, _, _ in weights], [s.view(torch.uint8) for _, s, _ in weights],
+                                s2, ys, warps, depth, tiled, pdl)
+    return ys
 
 
 def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int] | None = None) -> torch.Tensor:
     """x [M <= 16, K] bf16 -> y [M, N] bf16: int_linear.reference's (4 bits, group 128) float32 sums,
     rounded once. `shape`: (warps, depth), see gemv_shape."""
-    n, k = qweight.shape[0], x.shape[1]
-    warps, depth = shape or gemv_shape(n, k, x.device)
-    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device)
-    torch.ops.ninfer.int4_gemv(x.contiguous(), qweight, scale, zero_point, y, warps, depth)
-    return y
+    return int4_gemv_group(x, [(qweight, scale, zero_point)], shape)[0]
+
+
+def int4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
+                    pdl: bool = PDL) -> list[torch.Tensor]:
+    """int4_gemv of 1 to 3 weights (qweight, scale, zero_point) that read the same x, as one launch."""
+    rows = [q.shape[0] for q, _, _ in weights]
+    ys = _outputs(x, rows)
+    warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)
+    torch.ops.ninfer.int4_gemv(x.contiguous(), [q for q, _, _ in weights], [s for _, s, _ in weights],
+                               [z for _, _, z in weights], ys, warps, depth, pdl)
+    return ys
+
+
+def _outputs(x: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:
+    return [torch.empty(x.shape[0], n, dtype=torch.bfloat16, device=x.device) for n in rows]

@@ -15,6 +15,7 @@ import torch
 from . import cuda_ops, int_linear, nvfp4_linear
 
 GEMV_MAX_ROWS = 16
+MAX_GROUP = 3  # weights one CUDA GEMV launch takes (csrc kMaxParts)
 
 
 class Scratch:
@@ -41,26 +42,53 @@ class QuantizedLinear:
             parts["qweight"], parts["block_scale"] = cuda_ops.tile_nvfp4(parts["qweight"], parts["block_scale"])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        grouped = QuantizedLinear.group(x, [self])
+        if grouped is not None:
+            return grouped[0]
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)
         if x2.shape[0] <= GEMV_MAX_ROWS:
-            y = self._gemv(x2)
+            y = self._triton_gemv(x2)
         else:
             w = self._dequantize(self.scratch.view(*self.shape, x.dtype, x.device))
             y = x2 @ w.T
         return y.to(x.dtype).reshape(*lead, self.shape[0])
 
-    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def group(x: torch.Tensor, weights: list) -> list[torch.Tensor] | None:
+        """x @ W^T for 1 to 3 weights as one CUDA GEMV launch (they read the same x: gate and up, q/k/v):
+        one launch instead of three; None where they cannot share one (more rows than a GEMV takes, a
+        plain tensor among them, a weight the CUDA kernels do not read)."""
+        lead, k = x.shape[:-1], x.shape[-1]
+        if not x.is_cuda or x.numel() // k > GEMV_MAX_ROWS or len(weights) > MAX_GROUP:
+            return None
+        x2 = x.reshape(-1, k).to(torch.bfloat16)  # the kernels take bf16 rows; the results are cast back
+        kernels = {w._cuda_gemv(x2) if isinstance(w, QuantizedLinear) else None for w in weights}
+        if len(kernels) != 1 or None in kernels:
+            return None
+        if kernels == {"nvfp4"}:
+            ys = cuda_ops.nvfp4_gemv_group(x2, [(w.parts["qweight"], w.parts["block_scale"], w.parts["global_scale"])
+                                                for w in weights], tiled=True)
+        else:
+            ys = cuda_ops.int4_gemv_group(x2, [(w.parts["qweight"], w.parts["scale"], w.parts.get("zero_point"))
+                                               for w in weights])
+        return [y.to(x.dtype).reshape(*lead, w.shape[0]) for y, w in zip(ys, weights)]
+
+    def _cuda_gemv(self, x: torch.Tensor) -> str | None:
+        """Which CUDA GEMV takes these bf16 rows: "nvfp4" (the tiled layout), "int4", or None."""
+        if self.tiled:
+            return "nvfp4" if cuda_ops.gemv_fits(x, self.shape[0]) else None
+        if self.scheme["kind"] == "int" and cuda_ops.int4_gemv_fits(x, self.shape[0], self.scheme["bits"],
+                                                                   self.scheme["group_size"], self.parts["scale"]):
+            return "int4"
+        return None
+
+    def _triton_gemv(self, x: torch.Tensor) -> torch.Tensor:
         p = self.parts
         if self.scheme["kind"] == "nvfp4":
-            if self.tiled:  # (the kernel takes bf16 rows; __call__ casts the result back)
-                return cuda_ops.nvfp4_gemv(x.to(torch.bfloat16), p["qweight"], p["block_scale"], p["global_scale"],
-                                           tiled_n=self.shape[0])
             return nvfp4_linear.gemv(x, p["qweight"], p["block_scale"], p["global_scale"])
-        bits, group = self.scheme["bits"], self.scheme["group_size"]
-        if cuda_ops.int4_gemv_fits(x, self.shape[0], bits, group, p["scale"]):
-            return cuda_ops.int4_gemv(x, p["qweight"], p["scale"], p.get("zero_point"))
-        return int_linear.gemv(x, p["qweight"], p["scale"], p.get("zero_point"), bits, group)
+        return int_linear.gemv(x, p["qweight"], p["scale"], p.get("zero_point"), self.scheme["bits"],
+                               self.scheme["group_size"])
 
     def _dequantize(self, out: torch.Tensor) -> torch.Tensor:
         p = self.parts

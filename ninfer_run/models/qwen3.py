@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..layers import add_rms_norm, linear, rms_norm, rms_norm_rope, rope_once, swiglu_mlp
+from ..layers import add_rms_norm, linear, linear_group, rms_norm, rms_norm_rope, rope_once, swiglu_mlp
 from ..state import Segments, advance, attend, rope_positions
 from .base import CausalLM
 
@@ -52,11 +52,10 @@ class Model(CausalLM):
         c, w = self.cfg, self.w
         t = x.shape[0]
         cos, sin = rope()
-        q = rms_norm_rope(linear(x, w[p + "q_proj.weight"]).view(t, c.num_heads, c.head_dim), w[p + "q_norm.weight"],
-                          c.eps, 0.0, cos, sin)
-        k = rms_norm_rope(linear(x, w[p + "k_proj.weight"]).view(t, c.num_kv_heads, c.head_dim),
-                          w[p + "k_norm.weight"], c.eps, 0.0, cos, sin)
-        v = linear(x, w[p + "v_proj.weight"]).view(t, c.num_kv_heads, c.head_dim)
+        q, k, v = linear_group(x, [w[p + f"{name}_proj.weight"] for name in "qkv"])
+        q = rms_norm_rope(q.view(t, c.num_heads, c.head_dim), w[p + "q_norm.weight"], c.eps, 0.0, cos, sin)
+        k = rms_norm_rope(k.view(t, c.num_kv_heads, c.head_dim), w[p + "k_norm.weight"], c.eps, 0.0, cos, sin)
+        v = v.view(t, c.num_kv_heads, c.head_dim)
         return linear(attend(segments, i, q, k, v).reshape(t, -1), w[p + "o_proj.weight"])
 
     has_mtp = False

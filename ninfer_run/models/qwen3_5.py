@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates
-from ..layers import add_rms_norm, gated_rms_norm, linear, rms_norm, rms_norm_rope, rope_once, swiglu_mlp
+from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates, projected_gates
+from ..layers import add_rms_norm, gated_rms_norm, linear, linear_group, rms_norm, rms_norm_rope, rope_once, swiglu_mlp
 from ..state import Segments, SequenceState, advance, attend, per_sequence, rope_positions
 from ..static_step import StaticBatch
 from .base import CausalLM
@@ -102,13 +102,14 @@ class Model(CausalLM):
     def _gdn(self, i: int, x: torch.Tensor, segments: Segments) -> torch.Tensor:
         c, p = self.cfg, f"layers.{i}.linear_attn."
         t = x.shape[0]
-        qkv = linear(x, self._p(p + "in_proj_qkv.weight"))
-        z = linear(x, self._p(p + "in_proj_z.weight")).view(t, c.v_heads, c.v_dim)
+        qkv, z = linear_group(x, [self._p(p + "in_proj_qkv.weight"), self._p(p + "in_proj_z.weight")])
+        z = z.view(t, c.v_heads, c.v_dim)
+        a_log, dt_bias = self._p(p + "A_log"), self._p(p + "dt_bias")
         if i in self.gate_inputs:
-            a, b = linear(x, self.gate_inputs[i]).split(c.v_heads, dim=-1)
+            g, beta = projected_gates(x, self.gate_inputs[i], a_log, dt_bias)
         else:  # quantized (a profile that quantizes them)
-            a, b = linear(x, self._p(p + "in_proj_a.weight")), linear(x, self._p(p + "in_proj_b.weight"))
-        g, beta = gates(a, b, self._p(p + "A_log"), self._p(p + "dt_bias"))
+            a, b = linear_group(x, [self._p(p + "in_proj_a.weight"), self._p(p + "in_proj_b.weight")])
+            g, beta = gates(a, b, a_log, dt_bias)
         if isinstance(segments, StaticBatch):
             out = segments.gdn(i, qkv, g, beta, self._gdn_step, self._gdn_step_in_place)
         elif len(segments) > 1 and all(n == 1 for _, n in segments):
@@ -188,12 +189,12 @@ class Model(CausalLM):
         c = self.cfg
         t = x.shape[0]
         cos, sin = rope()
-        qg = linear(x, w("self_attn.q_proj.weight")).view(t, c.num_heads, 2 * c.head_dim)
+        qg, k, v = linear_group(x, [w(f"self_attn.{name}_proj.weight") for name in "qkv"])
+        qg = qg.view(t, c.num_heads, 2 * c.head_dim)
         q, gate = qg[..., : c.head_dim], qg[..., c.head_dim :]
         q = rms_norm_rope(q, w("self_attn.q_norm.weight"), c.eps, 1.0, cos, sin)
-        k = rms_norm_rope(linear(x, w("self_attn.k_proj.weight")).view(t, c.num_kv_heads, c.head_dim),
-                          w("self_attn.k_norm.weight"), c.eps, 1.0, cos, sin)
-        v = linear(x, w("self_attn.v_proj.weight")).view(t, c.num_kv_heads, c.head_dim)
+        k = rms_norm_rope(k.view(t, c.num_kv_heads, c.head_dim), w("self_attn.k_norm.weight"), c.eps, 1.0, cos, sin)
+        v = v.view(t, c.num_kv_heads, c.head_dim)
         o = attend(segments, key, q, k, v).reshape(t, -1)
         o = o * torch.sigmoid(gate.reshape(t, -1))
         return linear(o, w("self_attn.o_proj.weight"))

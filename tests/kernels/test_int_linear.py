@@ -59,3 +59,19 @@ def test_cuda_int4_gemv_matches_reference(m, n, kk, symmetric):
         out = cuda_ops.int4_gemv(x, p["qweight"], p["scale"], p.get("zero_point"), shape=shape)
         assert out.shape == (m, n) and out.dtype == torch.bfloat16
         assert rounded_once(out, ref), shape
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+@pytest.mark.parametrize("m", [1, 12])
+def test_cuda_int4_gemv_group_gives_each_weight_its_own_product(m):
+    """Three weights of unequal N, symmetric and with zero points mixed, in one launch."""
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    kk = 5120
+    parts = [_weight(n, kk, 4, 128, symmetric, n) for n, symmetric in ((6144, False), (1024, True), (528, False))]
+    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(m)).to(DEVICE, DTYPE)
+    outs = cuda_ops.int4_gemv_group(x, [(p["qweight"], p["scale"], p.get("zero_point")) for p in parts])
+    for out, p in zip(outs, parts):
+        assert rounded_once(out, k.reference(x, p["qweight"], p["scale"], p.get("zero_point"), 4, 128))

@@ -80,6 +80,61 @@ def test_cuda_gemv_matches_reference(m, n, kk):
     assert rounded_once(got, want) if want.abs().max() > 0 else torch.equal(got, torch.zeros_like(got))
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+@pytest.mark.parametrize("m", [1, 12])
+@pytest.mark.parametrize("pdl", [True, False])
+def test_cuda_gemv_group_gives_each_weight_its_own_product(m, pdl):
+    """Up to three weights of unequal N in one launch (the blocks of each part find their weight,
+    scales and global scale): each output is its own reference's, tiled and row-major."""
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    kk = 5120
+    weights = [_weight(n, kk, n) for n in (6144, 1024, 528)]
+    weights[1] = (weights[1][0], weights[1][1], weights[1][2] * 3)  # global scales differ per part
+    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(m)).to(DEVICE, DTYPE)
+    for count in (2, 3):
+        group = weights[:count]
+        refs = [k.reference(x, *w) for w in group]
+        tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2) for q, s8, s2 in group]
+        for outs in (cuda_ops.nvfp4_gemv_group(x, group, pdl=pdl),
+                     cuda_ops.nvfp4_gemv_group(x, tiled, tiled=True, pdl=pdl)):
+            assert len(outs) == count
+            for out, ref in zip(outs, refs):
+                assert out.shape == ref.shape and rounded_once(out, ref)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x():
+    """A GEMV launched as a programmatic dependent starts while the kernel before it runs (the norm lets
+    it: kernels/common.launch_dependents) and streams weights; it must read x only after that kernel's
+    writes (griddepcontrol.wait). In a CUDA graph a norm over 16K rows writes x, its last row, last; a GEMV
+    that read early would see the previous replay's row."""
+    from ninfer_run.kernels import cuda_ops, norms
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    n, kk = 17408, 5120
+    q, s8, s2 = _weight(n, kk, 9)
+    tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2)]
+    rows = torch.empty(16384, kk, device=DEVICE, dtype=DTYPE)
+    weight = torch.rand(kk, device=DEVICE, dtype=DTYPE)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        normed = norms.rms_norm(rows, weight, 1e-6, 0.0)  # warm-up (compiles) outside the capture
+        cuda_ops.nvfp4_gemv_group(normed[-1:], tiled, tiled=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            normed = norms.rms_norm(rows, weight, 1e-6, 0.0)
+            (y,) = cuda_ops.nvfp4_gemv_group(normed[-1:], tiled, tiled=True, pdl=True)
+    for seed in range(6):
+        rows.copy_(torch.randn(rows.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, DTYPE))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rounded_once(y, k.reference(normed[-1:], q, s8, s2)), seed
+
+
 def _odd_scales(s8: torch.Tensor, seed: int) -> torch.Tensor:
     """Block scales with every kind tile_nvfp4 rewrites or the GEMV's scale decode must get right mixed in:
     zero (+0 and -0, the codes then any), negative (their sign moves to the codes), e4m3 subnormals."""

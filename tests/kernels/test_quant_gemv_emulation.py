@@ -209,7 +209,7 @@ def test_tiled_layout_is_what_the_tiled_kernel_loads():
     16 L (row g) and 512 + 16 L (row g + 8); its scales at 128 (rt T + kt) + 4 L (row g's two, row g + 8's)."""
     from ninfer_run.kernels.cuda_ops import _signless_scales, encode_views, tile_nvfp4
 
-    for text in ("q + (size_t)blockIdx.x * tiles * 1024 + 16 * lane", "constexpr int kStride = kTiled ? 1024 : 64;",
+    for text in ("q + (size_t)block * tiles * 1024 + 16 * lane", "constexpr int kStride = kTiled ? 1024 : 64;",
                  "args.scale + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 128 +", "4 * (4 * g + c)",
                  "ag = {both & 0xFFFFu};", "ah = {both >> 16};"):
         assert text in SOURCE, text

@@ -6,26 +6,39 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <vector>
 
-int ninfer_nvfp4_gemv_sm90(const void* x, const void* q, const void* scale, const float* s2, void* y, int M, int N,
-                           int K, int warps, int depth, bool tiled, cudaStream_t stream);
-int ninfer_int4_gemv_sm90(const void* x, const void* q, const void* scale, const void* zero, void* y, int M, int N,
-                          int K, int warps, int depth, cudaStream_t stream);
+int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
+                           const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
+                           int depth, bool tiled, bool pdl, cudaStream_t stream);
+int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
+                          const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
+                          bool pdl, cudaStream_t stream);
 
 namespace {
 
-// What both GEMVs require of x and y (a block takes 16 rows of N = y's columns); -> (M, N, K).
-std::tuple<int64_t, int64_t, int64_t> check_rows(const char* op, const at::Tensor& x, const at::Tensor& y) {
-  const int64_t M = x.size(0), K = x.size(1), N = y.size(1);
+constexpr size_t kMaxParts = 3;  // quant_gemv_sm90.cu's
+
+// What both GEMVs require of x, the parts' row counts n and their outputs y[p] [M, n[p]] (a block takes
+// 16 rows); -> (M, K) and y's pointers.
+std::tuple<int64_t, int64_t, std::vector<void*>> check_rows(const char* op, const at::Tensor& x, at::TensorList y,
+                                                            const std::vector<int>& n) {
+  const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), op, ": x contiguous bf16 on CUDA");
-  TORCH_CHECK(M >= 1 && M <= 16 && K % 128 == 0 && N % 16 == 0, op, ": M in 1..16, K % 128 == 0, N % 16 == 0");
-  TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.is_contiguous() && y.size(0) == M, op, ": y bf16 [M, N]");
-  return {M, N, K};
+  TORCH_CHECK(M >= 1 && M <= 16 && K % 128 == 0, op, ": M in 1..16, K % 128 == 0");
+  TORCH_CHECK(!n.empty() && n.size() <= kMaxParts && y.size() == n.size(), op, ": 1 to 3 weights, one y each");
+  std::vector<void*> out;
+  for (size_t p = 0; p < n.size(); ++p) {
+    TORCH_CHECK(n[p] > 0 && n[p] % 16 == 0, op, ": each weight's N % 16 == 0");
+    TORCH_CHECK(y[p].scalar_type() == at::kBFloat16 && y[p].is_contiguous() && y[p].dim() == 2 && y[p].size(0) == M &&
+                    y[p].size(1) == n[p], op, ": each y bf16 [M, its weight's N]");
+    out.push_back(y[p].data_ptr());
+  }
+  return {M, K, out};
 }
 
-void check_aligned(const char* op, std::initializer_list<const at::Tensor*> tensors) {
-  for (const at::Tensor* t : tensors)
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, op, ": operands must be 16-byte aligned");
+void check_aligned(const char* op, const at::Tensor& t) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": operands must be 16-byte aligned");
 }
 
 void check_launch(const char* op, int err, int64_t warps, int64_t depth) {
@@ -33,45 +46,73 @@ void check_launch(const char* op, int err, int64_t warps, int64_t depth) {
 }
 
 // tiled: q and scale in cuda_ops.tile_nvfp4's layout (the same bytes, each 16-row x 128-K tile contiguous)
-void nvfp4_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, const at::Tensor& s2,
-                at::Tensor& y, int64_t warps, int64_t depth, bool tiled) {
-  const auto [M, N, K] = check_rows("nvfp4_gemv", x, y);
-  TORCH_CHECK(q.scalar_type() == at::kByte && q.is_contiguous() && q.numel() == N * K / 2 &&
-                  (tiled || q.size(1) * 2 == K), "q: u8 [N, K/2] (or tiled, as many bytes)");
-  TORCH_CHECK(scale.element_size() == 1 && scale.is_contiguous() && scale.numel() == N * K / 16,
-              "scale: e4m3 [N, K/16] (or tiled, as many bytes)");
-  TORCH_CHECK(s2.scalar_type() == at::kFloat && s2.numel() == 1 && s2.is_cuda(), "s2: one float32 on CUDA");
-  check_aligned("nvfp4_gemv", {&x, &q, &scale, &y});
+void nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
+                int64_t warps, int64_t depth, bool tiled, bool pdl) {
+  TORCH_CHECK(scale.size() == q.size() && s2.size() == q.size(), "nvfp4_gemv: as many scales as weights");
+  std::vector<int> n;
+  for (const at::Tensor& t : q) n.push_back(static_cast<int>(t.size(0) * (tiled ? 16 : 1)));
+  const auto [M, K, yp] = check_rows("nvfp4_gemv", x, y, n);
+  std::vector<const void*> qp, sp;
+  std::vector<const float*> s2p;
+  for (size_t p = 0; p < q.size(); ++p) {
+    TORCH_CHECK(q[p].scalar_type() == at::kByte && q[p].is_contiguous() && q[p].numel() == n[p] * K / 2 &&
+                    (tiled || q[p].size(1) * 2 == K), "q: u8 [N, K/2] (or tiled: [N/16, K/128, 1024])");
+    TORCH_CHECK(scale[p].element_size() == 1 && scale[p].is_contiguous() && scale[p].numel() == n[p] * K / 16,
+                "scale: e4m3 [N, K/16] (or tiled, as many bytes)");
+    TORCH_CHECK(s2[p].scalar_type() == at::kFloat && s2[p].numel() == 1 && s2[p].is_cuda(), "s2: one float32 on CUDA");
+    check_aligned("nvfp4_gemv", q[p]);
+    check_aligned("nvfp4_gemv", scale[p]);
+    qp.push_back(q[p].data_ptr());
+    sp.push_back(scale[p].data_ptr());
+    s2p.push_back(s2[p].data_ptr<float>());
+  }
+  check_aligned("nvfp4_gemv", x);
   const c10::cuda::CUDAGuard guard(x.device());
   check_launch("nvfp4_gemv",
-               ninfer_nvfp4_gemv_sm90(x.data_ptr(), q.data_ptr(), scale.data_ptr(), s2.data_ptr<float>(), y.data_ptr(),
-                                      M, N, K, warps, depth, tiled, c10::cuda::getCurrentCUDAStream()),
+               ninfer_nvfp4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), s2p.data(),
+                                      n.data(), yp.data(), M, K, warps, depth, tiled, pdl,
+                                      c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
-void int4_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, const std::optional<at::Tensor>& zero,
-               at::Tensor& y, int64_t warps, int64_t depth) {
-  const auto [M, N, K] = check_rows("int4_gemv", x, y);
-  TORCH_CHECK(q.scalar_type() == at::kInt && q.is_contiguous() && q.size(0) == N && q.size(1) * 8 == K, "q: i32 [N, K/8]");
-  TORCH_CHECK(scale.scalar_type() == at::kBFloat16 && scale.is_contiguous() && scale.size(0) == N &&
-                  scale.size(1) == K / 128, "scale: bf16 [N, K/128] (group 128)");
-  if (zero.has_value())
-    TORCH_CHECK(zero->scalar_type() == at::kInt && zero->is_contiguous() && zero->size(0) == N / 8 &&
-                    zero->size(1) == K / 128, "zero: i32 [N/8, K/128]");
-  check_aligned("int4_gemv", {&x, &q, &y});
+void int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, const c10::List<std::optional<at::Tensor>>& zero,
+               at::TensorList y, int64_t warps, int64_t depth, bool pdl) {
+  TORCH_CHECK(scale.size() == q.size() && zero.size() == q.size(), "int4_gemv: as many scales and zeros as weights");
+  std::vector<int> n;
+  for (const at::Tensor& t : q) n.push_back(static_cast<int>(t.size(0)));
+  const auto [M, K, yp] = check_rows("int4_gemv", x, y, n);
+  std::vector<const void*> qp, sp, zp;
+  for (size_t p = 0; p < q.size(); ++p) {
+    TORCH_CHECK(q[p].scalar_type() == at::kInt && q[p].is_contiguous() && q[p].size(1) * 8 == K, "q: i32 [N, K/8]");
+    TORCH_CHECK(scale[p].scalar_type() == at::kBFloat16 && scale[p].is_contiguous() && scale[p].size(0) == n[p] &&
+                    scale[p].size(1) == K / 128, "scale: bf16 [N, K/128] (group 128)");
+    const std::optional<at::Tensor> z = zero.get(p);
+    if (z.has_value())
+      TORCH_CHECK(z->scalar_type() == at::kInt && z->is_contiguous() && z->size(0) == n[p] / 8 &&
+                      z->size(1) == K / 128, "zero: i32 [N/8, K/128]");
+    check_aligned("int4_gemv", q[p]);
+    qp.push_back(q[p].data_ptr());
+    sp.push_back(scale[p].data_ptr());
+    zp.push_back(z.has_value() ? z->data_ptr() : nullptr);
+  }
+  check_aligned("int4_gemv", x);
   const c10::cuda::CUDAGuard guard(x.device());
   check_launch("int4_gemv",
-               ninfer_int4_gemv_sm90(x.data_ptr(), q.data_ptr(), scale.data_ptr(),
-                                     zero.has_value() ? zero->data_ptr() : nullptr, y.data_ptr(), M, N, K, warps,
-                                     depth, c10::cuda::getCurrentCUDAStream()),
+               ninfer_int4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), zp.data(),
+                                     n.data(), yp.data(), M, K, warps, depth, pdl,
+                                     c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
 }  // namespace
 
+// One launch for 1 to 3 weights that read the same x, each into its own y [M, N].
+// pdl: launched as a programmatic dependent of the kernel before it (quant_gemv_sm90.cu).
 TORCH_LIBRARY(ninfer, m) {
-  m.def("nvfp4_gemv(Tensor x, Tensor q, Tensor scale, Tensor s2, Tensor(a!) y, int warps, int depth, bool tiled) -> ()");
-  m.def("int4_gemv(Tensor x, Tensor q, Tensor scale, Tensor? zero, Tensor(a!) y, int warps, int depth) -> ()");
+  m.def("nvfp4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
+        "bool tiled, bool pdl) -> ()");
+  m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
+        "bool pdl) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ninfer, CUDA, m) {

@@ -33,9 +33,16 @@
 // keeps kDepth tiles of weights and scales in flight in registers (a ring refilled as it is consumed).
 // The warps' partial sums are added in shared memory, so each output is written once, in bf16: no
 // split over blocks, no atomics, no zeroed fp32 buffer and no conversion kernel after.
+//
+// Grouped: up to kMaxParts weights that read the same x (gate and up, q/k/v) run as one launch, each
+// into its own y; block b takes 16 rows of the part it falls in.
+// Programmatic dependent launch: a block first lets the next kernel launch, loads its first kDepth
+// tiles of weights (which no kernel writes), and only then waits for the previous kernel to finish
+// (griddepcontrol.wait) before it reads x: the weight stream starts while the previous kernel drains.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <climits>
 #include <cstdint>
 
 namespace ninfer_sm90 {
@@ -271,17 +278,44 @@ __device__ __forceinline__ void load_rows(typename Codec::RowAux& ag, typename C
   }
 }
 
-// Grid N / 16 blocks of kWarps warps (see the top).
+constexpr int kMaxParts = 3;
+
+// The weights of a grouped launch: part p (N = rows[p], out y[p] [M, rows[p]]) takes blocks
+// first_block[p] onward.
+template <class Args>
+struct Parts {
+  const uint8_t* q[kMaxParts];
+  Args args[kMaxParts];
+  __nv_bfloat16* y[kMaxParts];
+  int rows[kMaxParts];
+  int first_block[kMaxParts];  // ascending; INT_MAX for parts not used
+};
+
+template <class Args>
+__device__ __forceinline__ int part_of(const Parts<Args>& parts, int block) {
+  return (block >= parts.first_block[1]) + (block >= parts.first_block[2]);
+}
+
+template <class T>
+__device__ __forceinline__ T pick(const T (&values)[kMaxParts], int p) {  // constant indices: no local memory
+  return p == 0 ? values[0] : p == 1 ? values[1] : values[2];
+}
+
+// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top).
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled>
-__global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ q,
-                                                      const typename Codec::Args args, __nv_bfloat16* __restrict__ y,
-                                                      int M, int N, int K) {
+__global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x,
+                                                      const Parts<typename Codec::Args> parts, int M, int K) {
   using RowAux = typename Codec::RowAux;
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int part = part_of(parts, blockIdx.x);
+  const uint8_t* q = pick(parts.q, part);
+  const typename Codec::Args args = pick(parts.args, part);
+  const int block = blockIdx.x - pick(parts.first_block, part);  // within the part
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int n0 = blockIdx.x * 16, tiles = K / kTileK;
+  const int n0 = block * 16, tiles = K / kTileK;
   const int steps = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;  // this warp's K tiles
   // row-major: + 64 bytes per K tile; tiled (see tile): each (16 rows, 128 K) tile is 1 KB, lane order
-  const uint8_t* wg_lane = kTiled ? q + (size_t)blockIdx.x * tiles * 1024 + 16 * lane
+  const uint8_t* wg_lane = kTiled ? q + (size_t)block * tiles * 1024 + 16 * lane
                                   : q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile
   const uint8_t* wh_lane = kTiled ? wg_lane + 512 : wg_lane + (size_t)8 * (K / 2);
   constexpr int kStride = kTiled ? 1024 : 64;
@@ -296,6 +330,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
       load_rows<Codec, kTiled>(ag[i], ah[i], args, n0, K, kt, g, c);
     }
   }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
   float d[2][2][4] = {};
   for (int s = 0; s < steps; s += kDepth) {
 #pragma unroll
@@ -326,7 +361,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
     for (int i = 0; i < 4; ++i) partial[warp][th][i][lane] = d[th][0][i] + d[th][1][i];
   __syncthreads();
   if (warp != 0) return;
-  const float out_scale = Codec::out_scale(args);
+  const int last = part_of(parts, blockIdx.x);  // (recomputed: nothing part-dependent stays live in the loop)
+  const float out_scale = Codec::out_scale(pick(parts.args, last));
+  __nv_bfloat16* y = pick(parts.y, last);
+  const int N = pick(parts.rows, last);
 #pragma unroll
   for (int th = 0; th < kHalves; ++th)
 #pragma unroll
@@ -340,45 +378,81 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
 }
 
 template <class Codec, int kWarps, int kDepth, bool kTiled>
-void launch(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
-              cudaStream_t stream) {
-  const dim3 grid(N / 16), block(kWarps * 32);
+cudaError_t launch(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
+                   cudaStream_t stream) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kWarps * 32);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = pdl ? 1 : 0;
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  const auto* qb = static_cast<const uint8_t*>(q);
-  auto* yb = static_cast<__nv_bfloat16*>(y);
-  if (M > 8) gemv<Codec, true, kWarps, kDepth, kTiled><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
-  else gemv<Codec, false, kWarps, kDepth, kTiled><<<grid, block, 0, stream>>>(xb, qb, args, yb, M, N, K);
+  return M > 8 ? cudaLaunchKernelEx(&config, gemv<Codec, true, kWarps, kDepth, kTiled>, xb, parts, M, K)
+               : cudaLaunchKernelEx(&config, gemv<Codec, false, kWarps, kDepth, kTiled>, xb, parts, M, K);
 }
 
-// (warps, depth) in {4, 8, 16} x {2, 4}; N % 16 == 0.
+// (warps, depth) in {4, 8, 16} x {2, 4}; every part's N % 16 == 0, blocks = their sum / 16.
 template <class Codec, bool kTiled>
-int dispatch(const void* x, const void* q, const typename Codec::Args& args, void* y, int M, int N, int K,
-               int warps, int depth, cudaStream_t stream) {
+int dispatch(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, int warps, int depth,
+             bool pdl, cudaStream_t stream) {
+  cudaError_t err;
   switch (warps * 10 + depth) {
-    case 42: launch<Codec, 4, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
-    case 44: launch<Codec, 4, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
-    case 82: launch<Codec, 8, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
-    case 84: launch<Codec, 8, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
-    case 162: launch<Codec, 16, 2, kTiled>(x, q, args, y, M, N, K, stream); break;
-    case 164: launch<Codec, 16, 4, kTiled>(x, q, args, y, M, N, K, stream); break;
+    case 42: err = launch<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
+    case 44: err = launch<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
+    case 82: err = launch<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
+    case 84: err = launch<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
+    case 162: err = launch<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
+    case 164: err = launch<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
-  return static_cast<int>(cudaGetLastError());
+  return static_cast<int>(err);
+}
+
+// The parts of a grouped launch from the host's arrays (n: each part's rows); -> the launch's blocks.
+template <class Args>
+int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* args, void* const* y, const int* n) {
+  int blocks = 0;
+  for (int p = 0; p < kMaxParts; ++p) {
+    const bool used = p < count;
+    parts.q[p] = used ? static_cast<const uint8_t*>(q[p]) : nullptr;
+    parts.args[p] = used ? args[p] : Args{};
+    parts.y[p] = used ? static_cast<__nv_bfloat16*>(y[p]) : nullptr;
+    parts.rows[p] = used ? n[p] : 0;
+    parts.first_block[p] = used ? blocks : INT_MAX;
+    blocks += used ? n[p] / 16 : 0;
+  }
+  return blocks;
 }
 
 }  // namespace ninfer_sm90
 
-// The launchers ops.cpp calls; each returns the launch's CUDA error code (cudaErrorInvalidValue for
-// a (warps, depth) combination that is not built).
-int ninfer_nvfp4_gemv_sm90(const void* x, const void* q, const void* scale, const float* s2, void* y, int M, int N,
-                             int K, int warps, int depth, bool tiled, cudaStream_t stream) {
-  const ninfer_sm90::Nvfp4::Args args{static_cast<const uint8_t*>(scale), s2};
-  return tiled ? ninfer_sm90::dispatch<ninfer_sm90::Nvfp4Tiled, true>(x, q, args, y, M, N, K, warps, depth, stream)
-               : ninfer_sm90::dispatch<ninfer_sm90::Nvfp4, false>(x, q, args, y, M, N, K, warps, depth, stream);
+// The launchers ops.cpp calls: `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the
+// launch's CUDA error code (cudaErrorInvalidValue for a (warps, depth) combination that is not built).
+int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
+                           const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
+                           int depth, bool tiled, bool pdl, cudaStream_t stream) {
+  using ninfer_sm90::Nvfp4;
+  if (count < 1 || count > ninfer_sm90::kMaxParts) return static_cast<int>(cudaErrorInvalidValue);
+  Nvfp4::Args args[ninfer_sm90::kMaxParts];
+  for (int p = 0; p < count; ++p) args[p] = {static_cast<const uint8_t*>(scale[p]), s2[p]};
+  ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
+  const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
+  if (tiled) return ninfer_sm90::dispatch<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, stream);
+  return ninfer_sm90::dispatch<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
 }
 
-int ninfer_int4_gemv_sm90(const void* x, const void* q, const void* scale, const void* zero, void* y, int M, int N,
-                            int K, int warps, int depth, cudaStream_t stream) {
-  const ninfer_sm90::Int4::Args args{static_cast<const __nv_bfloat16*>(scale), static_cast<const int32_t*>(zero)};
-  return ninfer_sm90::dispatch<ninfer_sm90::Int4, false>(x, q, args, y, M, N, K, warps, depth, stream);
+int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
+                          const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
+                          bool pdl, cudaStream_t stream) {
+  using ninfer_sm90::Int4;
+  if (count < 1 || count > ninfer_sm90::kMaxParts) return static_cast<int>(cudaErrorInvalidValue);
+  Int4::Args args[ninfer_sm90::kMaxParts];
+  for (int p = 0; p < count; ++p)
+    args[p] = {static_cast<const __nv_bfloat16*>(scale[p]), static_cast<const int32_t*>(zero[p])};
+  ninfer_sm90::Parts<Int4::Args> parts;
+  const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
+  return ninfer_sm90::dispatch<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
 }
