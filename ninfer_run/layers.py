@@ -124,6 +124,11 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset
     return torch.einsum("hqk,khd->qhd", probs, v)
 
 
+def output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Qwen3.5's gated attention: the attention output times sigmoid(gate), both in the activation dtype."""
+    return o * torch.sigmoid(gate)
+
+
 def linear(x: torch.Tensor, weight) -> torch.Tensor:
     """x @ W^T for a plain weight tensor; a quantized weight (kernels/linear.py) applies itself."""
     return F.linear(x, weight) if isinstance(weight, torch.Tensor) else weight(x)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .kv.pool import BlockPool
-from .layers import causal_attention
+from .layers import causal_attention, output_gate
 from .static_step import StaticBatch
 from .vision.prompt import MultimodalPrompt
 
@@ -163,11 +163,14 @@ def per_sequence(segments: Segments, fn, *tensors: torch.Tensor) -> torch.Tensor
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def attend(segments: Segments, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Each sequence's rows attend over its own KV (stored at its positions first)."""
+def attend(segments: Segments, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Each sequence's rows attend over its own KV (stored at its positions first); `gate` [T, Hq, D]:
+    the output times sigmoid(gate) (layers.output_gate; in the decode graphs' attention kernel)."""
     if isinstance(segments, StaticBatch):
-        return segments.attend(key, q, k, v)
-    return per_sequence(segments, lambda state, q, k, v: state.kv.attend(key, state.length, q, k, v), q, k, v)
+        return segments.attend(key, q, k, v, gate)
+    out = per_sequence(segments, lambda state, q, k, v: state.kv.attend(key, state.length, q, k, v), q, k, v)
+    return out if gate is None else output_gate(out, gate)
 
 
 def advance(segments: Segments) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .kv.pool import BlockPool
-from .layers import causal_attention
+from .layers import causal_attention, output_gate
 
 if TYPE_CHECKING:
     from .state import SequenceState
@@ -103,20 +103,23 @@ class StaticBatch:
         self.lens = torch.zeros(size, dtype=torch.int32, device=device)  # tokens after this step
         self.tables = torch.zeros(size, pool.num_blocks, dtype=torch.int32, device=device)  # block tables
 
-    def attend(self, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               gate: torch.Tensor | None = None) -> torch.Tensor:
+        """state.attend's contract for the batch's rows (`gate`: layers.output_gate applied)."""
         layer = self.layers[key]
         self.pool.write_slots(layer, self.kv_slots, k, v)
         if self.pool.k.is_cuda and self.pool.layout.dtype == "int8":
             from .kernels.paged_attention import paged_attention
 
-            out = paged_attention(q.view(self.size, self.q_len, *q.shape[1:]), self.pool, layer, self.tables, self.lens)
+            out = paged_attention(q.view(self.size, self.q_len, *q.shape[1:]), self.pool, layer, self.tables, self.lens,
+                                  gate=gate)
             return out.flatten(0, 1).to(q.dtype)
         out = []  # the reference path (CPU: nothing is captured there, so host values may be read)
         for b, (length, table) in enumerate(zip(self.lens.tolist(), self.tables.tolist())):
             keys, values = self.pool.read(layer, table, length, q.dtype)
             rows = q[b * self.q_len : (b + 1) * self.q_len]
             out.append(causal_attention(rows, keys, values, q_offset=length - self.q_len))
-        return torch.cat(out)
+        return torch.cat(out) if gate is None else output_gate(torch.cat(out), gate)
 
     def gdn(self, layer: int, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, step, step_in_place=None
             ) -> torch.Tensor:

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from ..kv.pool import BlockPool
 from ..layers import causal_attention
+from .norms import _round
 
 _NEG = tl.constexpr(-1.0e30)  # a global a jitted function reads must be constexpr
 
@@ -117,7 +118,8 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
 
 
 @triton.jit
-def _merge_kernel(o_ptr, m_ptr, l_ptr, out_ptr, PARTS: tl.constexpr, P2: tl.constexpr, D: tl.constexpr):
+def _merge_kernel(o_ptr, m_ptr, l_ptr, out_ptr, gate_ptr, gate_t, gate_h, HQ, PARTS: tl.constexpr,
+                  P2: tl.constexpr, D: tl.constexpr, GATED: tl.constexpr):
     row = tl.program_id(0)
     p = tl.arange(0, P2)
     ok = p < PARTS
@@ -127,7 +129,11 @@ def _merge_kernel(o_ptr, m_ptr, l_ptr, out_ptr, PARTS: tl.constexpr, P2: tl.cons
     d = tl.arange(0, D)
     acc = tl.load(o_ptr + (row * PARTS + p)[:, None] * D + d[None, :], mask=(ok & (lsum > 0))[:, None], other=0.0)
     out = tl.sum(acc * weight[:, None], 0) / tl.sum(lsum * weight, 0)
-    tl.store(out_ptr + row * D + d, out)
+    if GATED:  # layers.output_gate on the output cast to the activation dtype, rounded where torch rounds
+        dtype = out_ptr.dtype.element_ty
+        g = tl.load(gate_ptr + (row // HQ) * gate_t + (row % HQ) * gate_h + d).to(tl.float32)
+        out = _round(out, dtype) * _round(tl.sigmoid(g), dtype)
+    tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"))
 
 
 def _partitions(programs: int, max_blocks: int, target_programs: int = 1024) -> int:
@@ -140,9 +146,12 @@ def _partitions(programs: int, max_blocks: int, target_programs: int = 1024) -> 
 
 
 def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                    tokens_per_program: int | None = None, parts: int | None = None) -> torch.Tensor:
+                    tokens_per_program: int | None = None, parts: int | None = None,
+                    gate: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, q_len, Hq, D] (bf16/fp16) over an INT8 pool -> [B, q_len, Hq, D] float32.
-    `block_tables` int32 [B, max_blocks] (padding entries any valid block), `seq_lens` int32 [B]."""
+    `block_tables` int32 [B, max_blocks] (padding entries any valid block), `seq_lens` int32 [B].
+    `gate` [B * q_len, Hq, D] (any strides but the last): the output then is layers.output_gate of it,
+    in q's dtype (the merge does it: at decode three small kernels fewer per layer)."""
     if pool.layout.dtype != "int8":
         raise ValueError("the Triton path reads the INT8 group-64 pool")
     bsz, q_len, hq, dim = q.shape
@@ -160,6 +169,10 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: 
         q.contiguous(), pool.k, pool.v, pool.k_scale, pool.v_scale, block_tables, seq_lens, o, m, lsum,
         layer, pool.num_blocks, max_blocks, q_len, dim ** -0.5, HQ=hq, HKV=hkv, D=dim, BS=bs,
         TOKENS=tokens, ROWS=rows, num_warps=8 if dim >= 256 else 4)
-    out = torch.empty(bsz * q_len * hq, dim, dtype=torch.float32, device=q.device)
-    _merge_kernel[(bsz * q_len * hq,)](o, m, lsum, out, PARTS=parts, P2=triton.next_power_of_2(parts), D=dim)
+    out = torch.empty(bsz * q_len * hq, dim, dtype=torch.float32 if gate is None else q.dtype, device=q.device)
+    if gate is not None:
+        assert gate.shape == (bsz * q_len, hq, dim) and gate.stride(-1) == 1
+    g = gate if gate is not None else out
+    _merge_kernel[(bsz * q_len * hq,)](o, m, lsum, out, g, g.stride(0), g.stride(1) if gate is not None else 0, hq,
+                                       PARTS=parts, P2=triton.next_power_of_2(parts), D=dim, GATED=gate is not None)
     return out.view(bsz, q_len, hq, dim)

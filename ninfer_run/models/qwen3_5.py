@@ -195,9 +195,7 @@ class Model(CausalLM):
         q = rms_norm_rope(q, w("self_attn.q_norm.weight"), c.eps, 1.0, cos, sin)
         k = rms_norm_rope(k.view(t, c.num_kv_heads, c.head_dim), w("self_attn.k_norm.weight"), c.eps, 1.0, cos, sin)
         v = v.view(t, c.num_kv_heads, c.head_dim)
-        o = attend(segments, key, q, k, v).reshape(t, -1)
-        o = o * torch.sigmoid(gate.reshape(t, -1))
-        return linear(o, w("self_attn.o_proj.weight"))
+        return linear(attend(segments, key, q, k, v, gate).reshape(t, -1), w("self_attn.o_proj.weight"))
 
     def _layer(self, w, x: torch.Tensor, pending: torch.Tensor | None, mixer) -> tuple[torch.Tensor, torch.Tensor]:
         """One decoder layer on the residual stream x + pending (the previous layer's MLP output, which

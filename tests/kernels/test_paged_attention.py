@@ -50,6 +50,26 @@ def test_matches_reference(lengths, q_len, parts):
     assert not torch.isnan(got).any() and err < (1e-2 if DTYPE == torch.bfloat16 else 2e-3), err
 
 
+@pytest.mark.parametrize("lengths,q_len", [([37, 200], 1), ([50, 131], 4)])
+def test_output_gate_in_the_merge_is_the_torch_gate(lengths, q_len):
+    """Qwen3.5's output gate applied by the merge (the gate a strided view, as the model's q|gate split
+    leaves it) == the ungated output cast to the activation dtype, then layers.output_gate."""
+    from ninfer_run.layers import output_gate
+
+    pool, _, padded, lens = _setup(lengths, 3 + q_len)
+    hq, _, dim = HEADS
+    g = torch.Generator().manual_seed(q_len)
+    q = torch.randn(len(lengths), q_len, hq, dim, generator=g).to(DEVICE, DTYPE)
+    qg = (torch.randn(len(lengths) * q_len, hq, 2 * dim, generator=g) * 3).to(DEVICE, DTYPE)
+    gate = qg[..., dim:]
+    got = paged_attention(q, pool, 1, padded, lens, gate=gate)
+    want = output_gate(paged_attention(q, pool, 1, padded, lens).to(DTYPE).flatten(0, 1), gate)
+    assert got.dtype == DTYPE and got.shape == (len(lengths), q_len, hq, dim)
+    # the same rounding points; torch's and Triton's sigmoid may differ in the last bit
+    err = float((got.flatten(0, 1).float() - want.float()).norm() / want.float().norm())
+    assert err < 4e-3, err
+
+
 def test_partitions_share_each_sequence_not_the_table():
     """A table 40 blocks wider than the sequences, 32 partitions: each sequence's blocks are spread over
     the partitions (a short one in a wide table must not fall to one of them), same result."""

@@ -156,7 +156,7 @@ struct Nvfp4 {
     uint32_t scales;
   };
   __device__ static RowAux load_row(const Args& a, int row, int K, int kt, int c) {
-    return {*reinterpret_cast<const uint16_t*>(a.scale + (size_t)row * (K / 16) + kt * 8 + 2 * c)};
+    return {__ldg(reinterpret_cast<const uint16_t*>(a.scale + (size_t)row * (K / 16) + kt * 8 + 2 * c))};
   }
   // d[token half][chain]: A = rows g (a0, a2) and g + 8 (a1, a3), B = x of tokens g (and g + 8).
   template <bool kHighTokens>
@@ -172,7 +172,7 @@ struct Nvfp4 {
       a[3] = bf16x2_mul(h ? fp4_pair<3>(vh) : fp4_pair<1>(vh), sh[t >> 1]);
     });
   }
-  __device__ static float out_scale(const Args& a) { return a.s2[0] * 0x1p26f; }
+  __device__ static float out_scale(const Args& a) { return __ldg(a.s2) * 0x1p26f; }
 };
 
 // The tiled layout re-encodes each word (cuda_ops.VIEW_BITS): view V = elements 2V (low half) and
@@ -238,8 +238,8 @@ struct Int4 {
   };
   __device__ static RowAux load_row(const Args& a, int row, int K, int kt, int) {
     const int groups = K / kTileK;
-    const uint32_t v = a.zero ? (static_cast<uint32_t>(a.zero[(size_t)(row / 8) * groups + kt]) >> (4 * (row % 8))) & 15u : 8u;
-    return {(0x4300u | v) * 0x00010001u, __bfloat162float(a.scale[(size_t)row * groups + kt])};
+    const uint32_t v = a.zero ? (static_cast<uint32_t>(__ldg(a.zero + (size_t)(row / 8) * groups + kt)) >> (4 * (row % 8))) & 15u : 8u;
+    return {(0x4300u | v) * 0x00010001u, __bfloat162float(__ldg(a.scale + (size_t)row * groups + kt))};
   }
   // A tile is one group: its MMAs sum x * (u - v) into fresh fragments, scaled per row (d0, d1: row g;
   // d2, d3: row g + 8) into d[token half][0].
@@ -263,13 +263,15 @@ struct Int4 {
 };
 
 // Rows g and g + 8's scales of K tile kt. Tiled NVFP4 scales: each (16 rows, 128 K) tile's 128 bytes in
-// lane order, lane 4g + c's four = row g's blocks 2c, 2c + 1, then row g + 8's.
+// lane order, lane 4g + c's four = row g's blocks 2c, 2c + 1, then row g + 8's. (The codecs read their
+// arguments with __ldg: picked from the launch's Parts they are registers, and a plain dereference of
+// one compiles to a generic load.)
 template <class Codec, bool kTiled>
 __device__ __forceinline__ void load_rows(typename Codec::RowAux& ag, typename Codec::RowAux& ah,
                                           const typename Codec::Args& args, int n0, int K, int kt, int g, int c) {
   if constexpr (kTiled) {
-    const uint32_t both = *reinterpret_cast<const uint32_t*>(args.scale + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 128 +
-                                                             4 * (4 * g + c));
+    const uint32_t both = __ldg(reinterpret_cast<const uint32_t*>(args.scale + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 128 +
+                                                                   4 * (4 * g + c)));
     ag = {both & 0xFFFFu};
     ah = {both >> 16};
   } else {
