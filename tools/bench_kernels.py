@@ -347,7 +347,8 @@ def mlp_chain(device: str) -> list[dict]:
     """The 27B's MLP block (RMSNorm, gate and up, SiLU-mul, down) over CHAIN_LAYERS layers of distinct
     weights in one CUDA graph, as the engine's decode graphs replay it (M = 1), launched each way: the
     three GEMVs apart, gate and up as one launch (grouped), and grouped as programmatic dependent launches
-    (pdl); beside it a flat read of the same weight bytes, one launch per weight (tools/csrc
+    (pdl), also in other (warps, depth) shapes and without the norm and SiLU-mul kernels between (GEMVs
+    alone); beside it a flat read of the same weight bytes, one launch per weight (tools/csrc
     gemv_read_floor.cu), in the same graph form: what a chain of memory-bound launches can reach."""
     from ninfer_run.kernels import norms
     from ninfer_run.layers import silu_mul
@@ -366,13 +367,16 @@ def mlp_chain(device: str) -> list[dict]:
     floor = _read_floor()
     sink = torch.empty(8 * sms * 16 * 32, dtype=torch.int32, device=device)
 
-    def block(w, grouped: bool, pdl: bool):
-        h = norms.rms_norm(x, norm_w, 1e-6, 1.0)
+    act = torch.randn(1, inter, device=device, dtype=torch.bfloat16)
+
+    def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool = True):
+        h = norms.rms_norm(x, norm_w, 1e-6, 1.0) if small_ops else x
         if grouped:
-            g, u = cuda_ops.nvfp4_gemv_group(h, [(*w["gate"], s2), (*w["up"], s2)], tiled=True, pdl=pdl)
+            g, u = cuda_ops.nvfp4_gemv_group(h, [(*w["gate"], s2), (*w["up"], s2)], shape, tiled=True, pdl=pdl)
         else:
-            g, u = (cuda_ops.nvfp4_gemv_group(h, [(*w[name], s2)], tiled=True, pdl=pdl)[0] for name in ("gate", "up"))
-        cuda_ops.nvfp4_gemv_group(silu_mul(g, u), [(*w["down"], s2)], tiled=True, pdl=pdl)
+            g, u = (cuda_ops.nvfp4_gemv_group(h, [(*w[name], s2)], shape, tiled=True, pdl=pdl)[0]
+                    for name in ("gate", "up"))
+        cuda_ops.nvfp4_gemv_group(silu_mul(g, u) if small_ops else act, [(*w["down"], s2)], shape, tiled=True, pdl=pdl)
 
     def reads(w):
         for name in ("gate", "up", "down"):
@@ -380,7 +384,10 @@ def mlp_chain(device: str) -> list[dict]:
             floor(w[name][0], w[name][1], sink, n, k, "flat", 1, 4, 4 * sms)
 
     variants = {"separate": lambda w: block(w, False, False), "grouped": lambda w: block(w, True, False),
-                "grouped+pdl": lambda w: block(w, True, True), "flat read": reads}
+                "grouped+pdl": lambda w: block(w, True, True),
+                "GEMVs alone": lambda w: block(w, True, True, small_ops=False), "flat read": reads}
+    for shape in ((4, 2), (4, 4), (8, 4), (16, 2)):  # the engine's shape is gemv_shape's (8, 2) here
+        variants[f"grouped+pdl {shape[0]}x{shape[1]}"] = lambda w, shape=shape: block(w, True, True, shape)
     rows = []
     for name, body in variants.items():
         stream = torch.cuda.Stream()
@@ -475,7 +482,7 @@ def main() -> None:
         rows = mlp_chain(device)
         write_results(args.out, "bench_chain_h200", {"ceilings": ceil, "mlp_chain": rows})
         for r in rows:
-            print(f"chain {r['variant']:<12} {r['us_per_layer']:6.1f} us/layer {r['GB_s']:6.0f} GB/s "
+            print(f"chain {r['variant']:<20} {r['us_per_layer']:6.1f} us/layer {r['GB_s']:6.0f} GB/s "
                   f"({r['GB_s'] / ceil['copy_GB_s']:.0%} of copy)")
         return
     results["decode_gemv"] = linears(device, dtype, shapes, ceil, gpu)
