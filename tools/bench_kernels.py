@@ -348,7 +348,7 @@ def mlp_chain(device: str) -> list[dict]:
     weights in one CUDA graph, as the engine's decode graphs replay it (M = 1), launched each way: the
     three GEMVs apart, gate and up as one launch (grouped), and grouped as programmatic dependent launches
     (pdl), also in other (warps, depth) shapes and without the norm and SiLU-mul kernels between (GEMVs
-    alone); beside it a flat read of the same weight bytes, one launch per weight (tools/csrc
+    alone), and with x staged in shared memory (csrc's kStagedX experiment); beside it a flat read of the same weight bytes, one launch per weight (tools/csrc
     gemv_read_floor.cu), in the same graph form: what a chain of memory-bound launches can reach."""
     from ninfer_run.kernels import norms
     from ninfer_run.layers import silu_mul
@@ -369,14 +369,14 @@ def mlp_chain(device: str) -> list[dict]:
 
     act = torch.randn(1, inter, device=device, dtype=torch.bfloat16)
 
-    def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool = True):
+    def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool = True, staged: bool = False):
+        gemv = functools.partial(cuda_ops.nvfp4_gemv_group, shape=shape, tiled=True, pdl=pdl, staged_x=staged)
         h = norms.rms_norm(x, norm_w, 1e-6, 1.0) if small_ops else x
         if grouped:
-            g, u = cuda_ops.nvfp4_gemv_group(h, [(*w["gate"], s2), (*w["up"], s2)], shape, tiled=True, pdl=pdl)
+            g, u = gemv(h, [(*w["gate"], s2), (*w["up"], s2)])
         else:
-            g, u = (cuda_ops.nvfp4_gemv_group(h, [(*w[name], s2)], shape, tiled=True, pdl=pdl)[0]
-                    for name in ("gate", "up"))
-        cuda_ops.nvfp4_gemv_group(silu_mul(g, u) if small_ops else act, [(*w["down"], s2)], shape, tiled=True, pdl=pdl)
+            g, u = (gemv(h, [(*w[name], s2)])[0] for name in ("gate", "up"))
+        gemv(silu_mul(g, u) if small_ops else act, [(*w["down"], s2)])
 
     def reads(w):
         for name in ("gate", "up", "down"):
@@ -385,7 +385,8 @@ def mlp_chain(device: str) -> list[dict]:
 
     variants = {"separate": lambda w: block(w, False, False), "grouped": lambda w: block(w, True, False),
                 "grouped+pdl": lambda w: block(w, True, True),
-                "GEMVs alone": lambda w: block(w, True, True, small_ops=False), "flat read": reads}
+                "GEMVs alone": lambda w: block(w, True, True, small_ops=False), "flat read": reads,
+                "grouped+pdl staged x": lambda w: block(w, True, True, staged=True)}
     for shape in ((4, 2), (4, 4), (8, 4), (16, 2)):  # the engine's shape is gemv_shape's (8, 2) here
         variants[f"grouped+pdl {shape[0]}x{shape[1]}"] = lambda w, shape=shape: block(w, True, True, shape)
     rows = []

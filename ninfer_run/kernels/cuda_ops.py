@@ -132,6 +132,8 @@ def tile_nvfp4(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.
 
 
 PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependent launches (csrc)
+# An experiment, off by default (bench_kernels --chain measures it): each GEMV block stages x in shared memory
+STAGED_X = os.environ.get("NINFER_GEMV_STAGED_X", "0") == "1"
 
 
 def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None,
@@ -143,15 +145,16 @@ def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple
 
 
 def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
-                     tiled: bool = False, pdl: bool = PDL) -> list[torch.Tensor]:
+                     tiled: bool = False, pdl: bool = PDL, staged_x: bool = STAGED_X) -> list[torch.Tensor]:
     """nvfp4_gemv of 1 to 3 weights (qweight, block_scale, global_scale) that read the same x, as one
-    launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `shape` as for their total N."""
+    launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `shape` as for their total N.
+    `staged_x`: csrc's kStagedX experiment (tiled, M <= 8, x up to 48 KB; else ignored)."""
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows)
     warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)
     s2 = [g.reshape(1).to(device=x.device, dtype=torch.float32) for _, _, g in weights]
     torch.ops.ninfer.nvfp4_gemv(x.contiguous(), [q for q, _, _ in weights], [s.view(torch.uint8) for _, s, _ in weights],
-                                s2, ys, warps, depth, tiled, pdl)
+                                s2, ys, warps, depth, tiled, pdl, staged_x)
     return ys
 
 

@@ -106,6 +106,23 @@ def test_cuda_gemv_group_gives_each_weight_its_own_product(m, pdl):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+@pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (3, 6144, 5120), (8, 1024, 2048)])
+def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk):
+    """csrc's kStagedX experiment (x copied to shared memory by each block): the same products."""
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    q, s8, s2 = _weight(n, kk, m + kk)
+    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(n)).to(DEVICE, DTYPE)
+    ref = k.reference(x, q, s8, s2)
+    tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2)]
+    for shape in sorted(cuda_ops.GEMV_SHAPES):
+        (out,) = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, staged_x=True)
+        assert rounded_once(out, ref), shape
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x():
     """A GEMV launched as a programmatic dependent starts while the kernel before it runs (the norm lets
     it: kernels/common.launch_dependents) and streams weights; it must read x only after that kernel's

@@ -112,7 +112,7 @@ def _words(packed_bytes: torch.Tensor) -> torch.Tensor:
 def test_expressions_are_the_kernels():
     for text in ("constexpr int em = 6 - 4 * I, sign = 12 - 4 * I;",
                  "return (e & 0x01C001C0u) | ((w << sign) & 0x80008000u);",
-                 "((byte & 0x80u) << 24) | ((byte & 0x7Fu) << 20)", "f * 0x1p110f * 0x1p110f", "a.s2[0] * 0x1p26f",
+                 "((byte & 0x80u) << 24) | ((byte & 0x7Fu) << 20)", "f * 0x1p110f * 0x1p110f", "__ldg(a.s2) * 0x1p26f",
                  "return ((w >> (4 * I)) & 0x000F000Fu) | 0x43004300u;", "(0x4300u | v) * 0x00010001u",
                  "even = permute(lo, hi, 0x5410u);", "odd = permute(lo, hi, 0x7632u);",
                  ": q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile",
@@ -123,7 +123,7 @@ def test_expressions_are_the_kernels():
                  "a[1] = bf16x2_sub(h ? int4_pair<2>(vh) : int4_pair<0>(vh), ah.zero);",
                  "x_pair(b0, b1, xl[t], h);", "mma_bf16(acc[0][t & 1], a, b0, b1);",
                  "a.scale + (size_t)row * (K / 16) + kt * 8 + 2 * c",
-                 "(static_cast<uint32_t>(a.zero[(size_t)(row / 8) * groups + kt]) >> (4 * (row % 8))) & 15u",
+                 "(static_cast<uint32_t>(__ldg(a.zero + (size_t)(row / 8) * groups + kt)) >> (4 * (row % 8))) & 15u",
                  "(part[th][0][i] + part[th][1][i]) * (i < 2 ? ag.scale : ah.scale)"):
         assert text in SOURCE, text
 

@@ -92,12 +92,13 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// x[row, k0 .. k0+31] (64 bytes) as four uint4, zero for rows past M.
+// x[row, k0 .. k0+31] (64 bytes) as four uint4, zero for rows past M; kShared: x is in shared memory.
+template <bool kShared>
 __device__ __forceinline__ void load_x(uint4 (&v)[4], const __nv_bfloat16* x, int row, int M, int K, int k0) {
   if (row < M) {
     const uint4* p = reinterpret_cast<const uint4*>(x + (size_t)row * K + k0);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = __ldg(p + i);
+    for (int i = 0; i < 4; ++i) v[i] = kShared ? p[i] : __ldg(p + i);
   } else {
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = make_uint4(0, 0, 0, 0);
@@ -303,10 +304,13 @@ __device__ __forceinline__ T pick(const T (&values)[kMaxParts], int p) {  // con
   return p == 0 ? values[0] : p == 1 ? values[1] : values[2];
 }
 
-// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top).
-template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled>
+// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (an experiment,
+// bench_kernels --chain): the block first copies x [M, K] into shared memory with all its threads, so
+// each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
 __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x,
                                                       const Parts<typename Codec::Args> parts, int M, int K) {
+  extern __shared__ uint4 x_staged[];  // kStagedX: M * K bf16
   using RowAux = typename Codec::RowAux;
   asm volatile("griddepcontrol.launch_dependents;");
   const int part = part_of(parts, blockIdx.x);
@@ -333,6 +337,13 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
     }
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
+  const __nv_bfloat16* xs = x;
+  if constexpr (kStagedX) {
+    const uint4* rows = reinterpret_cast<const uint4*>(x);
+    for (int i = threadIdx.x; i < M * K / 8; i += kWarps * 32) x_staged[i] = __ldg(rows + i);
+    __syncthreads();
+    xs = reinterpret_cast<const __nv_bfloat16*>(x_staged);
+  }
   float d[2][2][4] = {};
   for (int s = 0; s < steps; s += kDepth) {
 #pragma unroll
@@ -349,8 +360,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
         }
         const int k0 = kt * kTileK + 32 * c;
         uint4 xl[4], xh[4];
-        load_x(xl, x, g, M, K, k0);
-        if (kHighTokens) load_x(xh, x, g + 8, M, K, k0);
+        load_x<kStagedX>(xl, xs, g, M, K, k0);
+        if (kHighTokens) load_x<kStagedX>(xh, xs, g + 8, M, K, k0);
         Codec::template tile<kHighTokens>(d, cg, ch, bg, bh, xl, xh);
       }
     }
@@ -379,9 +390,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
     }
 }
 
+constexpr int kMaxStagedBytes = 48 * 1024;  // x staged in shared memory without an opt-in attribute
+
 template <class Codec, int kWarps, int kDepth, bool kTiled>
 cudaError_t launch(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
-                   cudaStream_t stream) {
+                   bool staged_x, cudaStream_t stream) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -392,22 +405,28 @@ cudaError_t launch(const void* x, const Parts<typename Codec::Args>& parts, int 
   config.attrs = &attribute;
   config.numAttrs = pdl ? 1 : 0;
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  return M > 8 ? cudaLaunchKernelEx(&config, gemv<Codec, true, kWarps, kDepth, kTiled>, xb, parts, M, K)
-               : cudaLaunchKernelEx(&config, gemv<Codec, false, kWarps, kDepth, kTiled>, xb, parts, M, K);
+  if constexpr (kTiled) {  // the experiment: tiled NVFP4, M <= 8, x small enough
+    if (staged_x && M <= 8 && M * K * 2 <= kMaxStagedBytes) {
+      config.dynamicSmemBytes = M * K * 2;
+      return cudaLaunchKernelEx(&config, gemv<Codec, false, kWarps, kDepth, kTiled, true>, xb, parts, M, K);
+    }
+  }
+  return M > 8 ? cudaLaunchKernelEx(&config, gemv<Codec, true, kWarps, kDepth, kTiled, false>, xb, parts, M, K)
+               : cudaLaunchKernelEx(&config, gemv<Codec, false, kWarps, kDepth, kTiled, false>, xb, parts, M, K);
 }
 
 // (warps, depth) in {4, 8, 16} x {2, 4}; every part's N % 16 == 0, blocks = their sum / 16.
 template <class Codec, bool kTiled>
 int dispatch(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, int warps, int depth,
-             bool pdl, cudaStream_t stream) {
+             bool pdl, bool staged_x, cudaStream_t stream) {
   cudaError_t err;
   switch (warps * 10 + depth) {
-    case 42: err = launch<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
-    case 44: err = launch<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
-    case 82: err = launch<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
-    case 84: err = launch<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
-    case 162: err = launch<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
-    case 164: err = launch<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, stream); break;
+    case 42: err = launch<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
+    case 44: err = launch<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
+    case 82: err = launch<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
+    case 84: err = launch<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
+    case 162: err = launch<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
+    case 164: err = launch<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
   return static_cast<int>(err);
@@ -435,15 +454,17 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
 // launch's CUDA error code (cudaErrorInvalidValue for a (warps, depth) combination that is not built).
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
-                           int depth, bool tiled, bool pdl, cudaStream_t stream) {
+                           int depth, bool tiled, bool pdl, bool staged_x, cudaStream_t stream) {
   using ninfer_sm90::Nvfp4;
   if (count < 1 || count > ninfer_sm90::kMaxParts) return static_cast<int>(cudaErrorInvalidValue);
   Nvfp4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p) args[p] = {static_cast<const uint8_t*>(scale[p]), s2[p]};
   ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
-  if (tiled) return ninfer_sm90::dispatch<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, stream);
-  return ninfer_sm90::dispatch<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
+  if (tiled)
+    return ninfer_sm90::dispatch<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, staged_x,
+                                                                 stream);
+  return ninfer_sm90::dispatch<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, false, stream);
 }
 
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
@@ -456,5 +477,5 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
     args[p] = {static_cast<const __nv_bfloat16*>(scale[p]), static_cast<const int32_t*>(zero[p])};
   ninfer_sm90::Parts<Int4::Args> parts;
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
-  return ninfer_sm90::dispatch<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
+  return ninfer_sm90::dispatch<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, false, stream);
 }
