@@ -93,6 +93,8 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
 }
 
 // x[row, k0 .. k0+31] (64 bytes) as four uint4, zero for rows past M; kShared: x is in shared memory.
+// (Reading row M - 1 there instead would do too - an MMA's output column depends on its own B column
+// only - but it costs the M <= 8 kernel 13 registers: 77, one block per SM fewer.)
 template <bool kShared>
 __device__ __forceinline__ void load_x(uint4 (&v)[4], const __nv_bfloat16* x, int row, int M, int K, int k0) {
   if (row < M) {
@@ -325,8 +327,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
                                   : q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile
   const uint8_t* wh_lane = kTiled ? wg_lane + 512 : wg_lane + (size_t)8 * (K / 2);
   constexpr int kStride = kTiled ? 1024 : 64;
-  uint4 wg[kDepth], wh[kDepth];
-  RowAux ag[kDepth], ah[kDepth];
+  constexpr int kRing = kDepth + 1;  // a slot more than in flight: the refill of step j goes to the slot step
+                                     // j - 1 consumed, so each slot keeps its registers (no copies)
+  uint4 wg[kRing], wh[kRing];
+  RowAux ag[kRing], ah[kRing];
 #pragma unroll
   for (int i = 0; i < kDepth; ++i) {
     if (i < steps) {
@@ -345,24 +349,23 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
     xs = reinterpret_cast<const __nv_bfloat16*>(x_staged);
   }
   float d[2][2][4] = {};
-  for (int s = 0; s < steps; s += kDepth) {
+  for (int s = 0; s < steps; s += kRing) {
 #pragma unroll
-    for (int i = 0; i < kDepth; ++i) {
+    for (int i = 0; i < kRing; ++i) {
       if (s + i < steps) {
         const int kt = warp + (s + i) * kWarps;
-        const uint4 cg = wg[i], ch = wh[i];
-        const RowAux bg = ag[i], bh = ah[i];
-        if (s + i + kDepth < steps) {  // refill the slot with the tile kDepth steps ahead
+        if (s + i + kDepth < steps) {  // the tile kDepth steps ahead, into the slot the last step freed
+          const int slot = (i + kDepth) % kRing;  // (a constant: the loop is unrolled)
           const int next = kt + kDepth * kWarps;
-          wg[i] = load_stream(wg_lane + (size_t)next * kStride);
-          wh[i] = load_stream(wh_lane + (size_t)next * kStride);
-          load_rows<Codec, kTiled>(ag[i], ah[i], args, n0, K, next, g, c);
+          wg[slot] = load_stream(wg_lane + (size_t)next * kStride);
+          wh[slot] = load_stream(wh_lane + (size_t)next * kStride);
+          load_rows<Codec, kTiled>(ag[slot], ah[slot], args, n0, K, next, g, c);
         }
         const int k0 = kt * kTileK + 32 * c;
         uint4 xl[4], xh[4];
         load_x<kStagedX>(xl, xs, g, M, K, k0);
         if (kHighTokens) load_x<kStagedX>(xh, xs, g + 8, M, K, k0);
-        Codec::template tile<kHighTokens>(d, cg, ch, bg, bh, xl, xh);
+        Codec::template tile<kHighTokens>(d, wg[i], wh[i], ag[i], ah[i], xl, xh);
       }
     }
   }
