@@ -120,22 +120,3 @@ def gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.
     from .gdn_gates import gdn_gates
 
     return gdn_gates(a, b, a_log, dt_bias)
-
-
-def projected_gates_reference(x: torch.Tensor, w_ab: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
-    """gates_reference of (a | b) = x @ W_ab^T: in_proj_a and in_proj_b stacked, [2 Hv, hidden]."""
-    a, b = F.linear(x, w_ab).chunk(2, dim=-1)
-    return gates_reference(a, b, a_log, dt_bias)
-
-
-def projected_gates(x: torch.Tensor, w_ab: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
-    """`projected_gates_reference`'s contract; on CUDA at decode (few rows) one Triton kernel for the
-    product and the gates (kernels/gdn_gates.py), else the matmul then `gates`."""
-    from .gdn_gates import PROJECTED_MAX_ROWS
-
-    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and w_ab.dtype == x.dtype \
-            and x.shape[0] <= PROJECTED_MAX_ROWS:
-        from .gdn_gates import projected_gates as fused
-
-        return fused(x, w_ab, a_log, dt_bias)
-    return gates(*F.linear(x, w_ab).chunk(2, dim=-1), a_log, dt_bias)

@@ -62,10 +62,11 @@ class QuantizedLinear:
         lead, k = x.shape[:-1], x.shape[-1]
         if not x.is_cuda or x.numel() // k > GEMV_MAX_ROWS or len(weights) > MAX_GROUP:
             return None
-        x2 = x.reshape(-1, k).to(torch.bfloat16)  # the kernels take bf16 rows; the results are cast back
+        x2 = x.reshape(-1, k)
         kernels = {w._cuda_gemv(x2) if isinstance(w, QuantizedLinear) else None for w in weights}
         if len(kernels) != 1 or None in kernels:
             return None
+        x2 = x2.to(torch.bfloat16)  # (the tiled NVFP4 kernel takes any rows as bf16; results are cast back)
         if kernels == {"nvfp4"}:
             ys = cuda_ops.nvfp4_gemv_group(x2, [(w.parts["qweight"], w.parts["block_scale"], w.parts["global_scale"])
                                                 for w in weights], tiled=True)
@@ -75,9 +76,10 @@ class QuantizedLinear:
         return [y.to(x.dtype).reshape(*lead, w.shape[0]) for y, w in zip(ys, weights)]
 
     def _cuda_gemv(self, x: torch.Tensor) -> str | None:
-        """Which CUDA GEMV takes these bf16 rows: "nvfp4" (the tiled layout), "int4", or None."""
+        """Which CUDA GEMV takes these (<= 16) rows: "nvfp4" (the tiled layout: its shape fits, checked at
+        load), "int4" (bf16 rows), or None."""
         if self.tiled:
-            return "nvfp4" if cuda_ops.gemv_fits(x, self.shape[0]) else None
+            return "nvfp4"
         if self.scheme["kind"] == "int" and cuda_ops.int4_gemv_fits(x, self.shape[0], self.scheme["bits"],
                                                                    self.scheme["group_size"], self.parts["scale"]):
             return "int4"
