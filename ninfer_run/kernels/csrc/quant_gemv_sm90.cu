@@ -30,7 +30,8 @@
 // a fresh fragment that is multiplied by the group's scale (per output row) in fp32.
 //
 // A block (16 rows) has kWarps warps that split the K tiles (warp w: w, w + kWarps, ...); each warp
-// keeps kDepth tiles of weights and scales in flight in registers (a ring refilled as it is consumed).
+// keeps kDepth tiles of weights and scales in flight in registers (a ring of kDepth + 1 slots, the loop
+// unrolled over it, so each refill lands in the slot just consumed without register copies).
 // The warps' partial sums are added in shared memory, so each output is written once, in bf16: no
 // split over blocks, no atomics, no zeroed fp32 buffer and no conversion kernel after.
 //
