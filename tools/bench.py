@@ -15,7 +15,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     one (successive verifies accept 3, 0, 2, 1 drafts: 50%) at every C;
   - torch.profiler tables of 8 decode steps at C = 1 and at the largest C (decode_profile*.txt): where
     a token's time goes; with --profile-prefill N, one of an N-token prefill too (prefill_profile.txt);
-  - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory).
+  - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory);
+  - with --staged-x, decode C = 1 and 4 again with the GEMV's staged-x experiment (an A/B in one run).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
 difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
@@ -44,7 +45,7 @@ from ninfer_pack.quant import quantize_tensor  # noqa: E402
 from ninfer_registry import load as registry_entry  # noqa: E402
 from ninfer_registry import scheme_classes  # noqa: E402
 from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
-from ninfer_run.kernels import gated_delta  # noqa: E402
+from ninfer_run.kernels import cuda_ops, gated_delta  # noqa: E402
 from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
 from ninfer_run.memory import ModelShape, plan  # noqa: E402
 from ninfer_run.models import model_class  # noqa: E402
@@ -292,6 +293,7 @@ def bars_of(results: dict) -> dict[str, float]:
         for row in p["decode"]:
             mtp = f" MTP{'f' if row['forced'] else ''}" if row["draft_tokens"] else ""
             ctx = f" @{row['context'] // 1000}K" if row.get("context", 512) > 512 else ""
+            ctx += f" {row['variant']}" if "variant" in row else ""
             bars[f"{profile} decode C={row['concurrency']}{mtp}{ctx}"] = row["tok_s"]
     return bars
 
@@ -312,6 +314,7 @@ def table(r: dict) -> str:
             mtp = f" MTP{row['draft_tokens']}{' forced' if row['forced'] else ''}" if row["draft_tokens"] else ""
             acc = f" accept {row['acceptance']:.0%}" if row["acceptance"] is not None else ""
             mtp += f" at {row['context']:,} tokens of context" if row.get("context", 512) > 512 else ""
+            mtp += f" ({row['variant']})" if "variant" in row else ""
             bound = "<= " if peer and peer.get("decode_step_s_is_upper_bound") else ""
             vs = f", {bound}{row['tok_s'] * peer['decode_step_s']:.2f}x transformers C=1" if peer else ""
             lines.append(f"  decode C={row['concurrency']}{mtp}: {row['tok_s']:7.1f} tok/s "
@@ -352,6 +355,14 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
             save()
             print(f"[{profile}] decode C={c} MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
                   f"accept {row['acceptance']}", flush=True)
+    if args.staged_x:  # the same C = 1 and C = 4 figures with the GEMV's staged-x experiment on
+        cuda_ops.STAGED_X = True
+        for c in (1, 4):
+            row = decode(model, c, args.new_tokens, 512) | {"variant": "staged x"}
+            p["decode"].append(row)
+            save()
+            print(f"[{profile}] decode C={c} (staged x): {row['tok_s']:.1f} tok/s", flush=True)
+        cuda_ops.STAGED_X = False
     decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
     if model.has_mtp:  # a speculative step's device and host time: head drafts and observe, verify
         decode(model, 1, 8, 512, draft_tokens=3, forced=True, profile_to=args.out / "decode_profile_mtp.txt")
@@ -374,6 +385,8 @@ def main() -> None:
                         help="also profile one prefill of this many tokens (prefill_profile.txt)")
     parser.add_argument("--no-decode", action="store_true", help="prefill figures only (no decode, MTP, profiles)")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers")
+    parser.add_argument("--staged-x", action="store_true",
+                        help="also decode C = 1 and 4 with NINFER_GEMV_STAGED_X's experiment on (an A/B in one run)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke

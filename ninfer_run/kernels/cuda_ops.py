@@ -145,10 +145,12 @@ def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple
 
 
 def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
-                     tiled: bool = False, pdl: bool = PDL, staged_x: bool = STAGED_X) -> list[torch.Tensor]:
+                     tiled: bool = False, pdl: bool = PDL, staged_x: bool | None = None) -> list[torch.Tensor]:
     """nvfp4_gemv of 1 to 3 weights (qweight, block_scale, global_scale) that read the same x, as one
     launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `shape` as for their total N.
-    `staged_x`: csrc's kStagedX experiment (tiled, M <= 8, x up to 48 KB; else ignored)."""
+    `staged_x`: csrc's kStagedX experiment (tiled, M <= 8, x up to 48 KB; else ignored); None: STAGED_X
+    as it is at the call (tools/bench.py --staged-x flips it for a second set of decode figures)."""
+    staged_x = STAGED_X if staged_x is None else staged_x
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows)
     warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)
