@@ -277,13 +277,13 @@ def gdn(device: str, ceil: dict, time_it: bool) -> list[dict]:
         if t <= 8192:
             row["rel_err"] = _rel(out, gated_delta.reference(q, k, v, g, beta, state)[0])
         if t == 1:
-            row["in_place_rel_err"] = _gdn_in_place(hk, hv, d, g, beta, state, device, time_it)[1]
+            in_place, row["in_place_rel_err"] = _gdn_in_place(hk, hv, d, g, beta, state, device, time_it)
         if time_it:
             row["ms"] = _bench(lambda: gated_delta.gated_delta_rule(q, k, v, g, beta, state))
             if t == 1:
                 state_bytes = 2 * state.numel() * 4  # read and written once per token
                 row["of_roofline"] = state_bytes / (ceil["copy_GB_s"] * 1e6) / row["ms"]
-                row["in_place_ms"] = _bench(_gdn_in_place(hk, hv, d, g, beta, state, device, time_it)[0])
+                row["in_place_ms"] = _bench(in_place)
                 row["in_place_of_roofline"] = state_bytes / (ceil["copy_GB_s"] * 1e6) / row["in_place_ms"]
             else:
                 r = hv // hk
@@ -347,9 +347,10 @@ def mlp_chain(device: str) -> list[dict]:
     """The 27B's MLP block (RMSNorm, gate and up, SiLU-mul, down) over CHAIN_LAYERS layers of distinct
     weights in one CUDA graph, as the engine's decode graphs replay it (M = 1), launched each way: the
     three GEMVs apart, gate and up as one launch (grouped), and grouped as programmatic dependent launches
-    (pdl), also in other (warps, depth) shapes and without the norm and SiLU-mul kernels between (GEMVs
-    alone), and with x staged in shared memory (csrc's kStagedX experiment); beside it a flat read of the same weight bytes, one launch per weight (tools/csrc
-    gemv_read_floor.cu), in the same graph form: what a chain of memory-bound launches can reach."""
+    (pdl), also in other (warps, depth) shapes, without the norm and SiLU-mul kernels between (GEMVs
+    alone), and with x staged in shared memory (csrc's kStagedX experiment); beside it a flat read of the
+    same weight bytes, one launch per weight (tools/csrc/gemv_read_floor.cu), in the same graph form:
+    what a chain of memory-bound launches can reach."""
     from ninfer_run.kernels import norms
     from ninfer_run.layers import silu_mul
 
@@ -366,8 +367,7 @@ def mlp_chain(device: str) -> list[dict]:
     layer_bytes = sum(n * k // 2 + n * k // 16 for n, k in (shapes["up"], shapes["up"], shapes["down"]))
     floor = _read_floor()
     sink = torch.empty(8 * sms * 16 * 32, dtype=torch.int32, device=device)
-
-    act = torch.randn(1, inter, device=device, dtype=torch.bfloat16)
+    act = torch.randn(1, inter, device=device, dtype=torch.bfloat16)  # the down projection's x, GEMVs alone
 
     def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool = True, staged: bool = False):
         gemv = functools.partial(cuda_ops.nvfp4_gemv_group, shape=shape, tiled=True, pdl=pdl, staged_x=staged)
@@ -456,6 +456,13 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _report(out: Path, name: str, key: str, rows: list[dict], ceil: dict, describe) -> None:
+    """A sweep's rows as JSON, then one line each: describe(row), its GB/s and their share of copy."""
+    write_results(out, name, {"ceilings": ceil, key: rows})
+    for r in rows:
+        print(f"{describe(r)} {r['GB_s']:6.0f} GB/s ({r['GB_s'] / ceil['copy_GB_s']:.0%} of copy)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out/bench")))
@@ -473,19 +480,12 @@ def main() -> None:
     if ceil:
         results["ceilings"] = ceil
     if args.floor_sweep:
-        rows = floor_sweep(device)
-        write_results(args.out, "bench_gemv_floor_h200", {"ceilings": ceil, "floor_sweep": rows})
-        for r in rows:
-            print(f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} {r['blocks_per_sm']}/SM "
-                  f"{r['us']:6.1f} us {r['GB_s']:6.0f} GB/s ({r['GB_s'] / ceil['copy_GB_s']:.0%} of copy)")
-        return
+        return _report(args.out, "bench_gemv_floor_h200", "floor_sweep", floor_sweep(device), ceil,
+                       lambda r: f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} "
+                                 f"{r['blocks_per_sm']}/SM {r['us']:6.1f} us")
     if args.chain:
-        rows = mlp_chain(device)
-        write_results(args.out, "bench_chain_h200", {"ceilings": ceil, "mlp_chain": rows})
-        for r in rows:
-            print(f"chain {r['variant']:<20} {r['us_per_layer']:6.1f} us/layer {r['GB_s']:6.0f} GB/s "
-                  f"({r['GB_s'] / ceil['copy_GB_s']:.0%} of copy)")
-        return
+        return _report(args.out, "bench_chain_h200", "mlp_chain", mlp_chain(device), ceil,
+                       lambda r: f"chain {r['variant']:<20} {r['us_per_layer']:6.1f} us/layer")
     results["decode_gemv"] = linears(device, dtype, shapes, ceil, gpu)
     if args.gemv_only:
         print(table({"ceilings": ceil, "decode_gemv": results["decode_gemv"]}))
