@@ -16,7 +16,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - torch.profiler tables of 8 decode steps at C = 1 and at the largest C (decode_profile*.txt): where
     a token's time goes; with --profile-prefill N, one of an N-token prefill too (prefill_profile.txt);
   - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory);
-  - with --staged-x, decode C = 1 and 4 again with the GEMV's staged-x experiment (an A/B in one run).
+  - with --ab-pipeline NAME, decode C = 1 and 4 again with the NVFP4 GEMV streaming its weights through
+    that pipeline (cuda_ops.PIPELINES; an A/B in one run: each decode captures its own graphs).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
 difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
@@ -355,14 +356,16 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
             save()
             print(f"[{profile}] decode C={c} MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
                   f"accept {row['acceptance']}", flush=True)
-    if args.staged_x:  # the same C = 1 and C = 4 figures with the GEMV's staged-x experiment on
-        cuda_ops.STAGED_X = True
-        for c in (1, 4):
-            row = decode(model, c, args.new_tokens, 512) | {"variant": "staged x"}
-            p["decode"].append(row)
-            save()
-            print(f"[{profile}] decode C={c} (staged x): {row['tok_s']:.1f} tok/s", flush=True)
-        cuda_ops.STAGED_X = False
+    if args.ab_pipeline:  # the same C = 1 and C = 4 figures with the GEMV's other pipeline
+        default, cuda_ops.PIPELINE = cuda_ops.PIPELINE, args.ab_pipeline
+        try:
+            for c in (1, 4):
+                row = decode(model, c, args.new_tokens, 512) | {"variant": f"pipeline {args.ab_pipeline}"}
+                p["decode"].append(row)
+                save()
+                print(f"[{profile}] decode C={c} (pipeline {args.ab_pipeline}): {row['tok_s']:.1f} tok/s", flush=True)
+        finally:
+            cuda_ops.PIPELINE = default
     decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
     if model.has_mtp:  # a speculative step's device and host time: head drafts and observe, verify
         decode(model, 1, 8, 512, draft_tokens=3, forced=True, profile_to=args.out / "decode_profile_mtp.txt")
@@ -385,8 +388,8 @@ def main() -> None:
                         help="also profile one prefill of this many tokens (prefill_profile.txt)")
     parser.add_argument("--no-decode", action="store_true", help="prefill figures only (no decode, MTP, profiles)")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers")
-    parser.add_argument("--staged-x", action="store_true",
-                        help="also decode C = 1 and 4 with NINFER_GEMV_STAGED_X's experiment on (an A/B in one run)")
+    parser.add_argument("--ab-pipeline", choices=sorted(cuda_ops.PIPELINES), default=None,
+                        help="also decode C = 1 and 4 with the NVFP4 GEMV's weights streamed this way (an A/B)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke

@@ -132,13 +132,16 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                 nv = _copies(lambda: _nvfp4_weight(n, k, device), nv_bytes)
                 i4 = _copies(lambda: _int4_weight(n, k, device), i4_bytes)
                 bf = _copies(lambda: torch.randn(k, n, device=device, dtype=torch.bfloat16), 2 * n * k)
-                if cuda:  # the engine's: NVFP4 in the tiled layout (loader), each (warps, depth) and the default
+                if cuda:  # the engine's: NVFP4 in the tiled layout (loader), each pipeline and shape, the default
                     tiled = [(*cuda_ops.tile_nvfp4(q, s), s2) for q, s, s2 in nv]
-                    row["default_shape"] = "x".join(map(str, cuda_ops.gemv_shape(n, k, x.device)))
+                    row["default_shape"] = cuda_ops.PIPELINE + " " + "x".join(map(str, cuda_ops.gemv_shape(n, k, x.device)
+                                                                                  if cuda_ops.PIPELINE != "bulk"
+                                                                                  else cuda_ops.bulk_shape(k)))
                     row["nvfp4_shapes_us"] = {
-                        f"{w}x{d}": 1000 * _bench(_rotating(
-                            lambda q, s=(w, d): cuda_ops.nvfp4_gemv(x, *q, shape=s, tiled_n=n), tiled))
-                        for w, d in sorted(cuda_ops.GEMV_SHAPES) if w <= k // 128}
+                        f"{pipe} {w}x{d}": 1000 * _bench(_rotating(
+                            lambda q, s=(w, d), p=pipe: cuda_ops.nvfp4_gemv(x, *q, shape=s, tiled_n=n, pipeline=p), tiled))
+                        for pipe, shapes in (("ring", cuda_ops.GEMV_SHAPES), ("bulk", cuda_ops.BULK_SHAPES))
+                        for w, d in sorted(shapes) if w <= k // 128}
                     row["nvfp4_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv(x, *w, tiled_n=n), tiled))
                     if m == 1:  # the same loads without the arithmetic, at the default shape
                         warps, depth = cuda_ops.gemv_shape(n, k, x.device)
@@ -347,8 +350,8 @@ def mlp_chain(device: str) -> list[dict]:
     """The 27B's MLP block (RMSNorm, gate and up, SiLU-mul, down) over CHAIN_LAYERS layers of distinct
     weights in one CUDA graph, as the engine's decode graphs replay it (M = 1), launched each way: the
     three GEMVs apart, gate and up as one launch (grouped), and grouped as programmatic dependent launches
-    (pdl), also in other (warps, depth) shapes, without the norm and SiLU-mul kernels between (GEMVs
-    alone), and with x staged in shared memory (csrc's kStagedX experiment); beside it a flat read of the
+    (pdl), without the norm and SiLU-mul kernels between (GEMVs alone), with x staged in shared memory
+    (the ring-staged-x experiment), and the bulk pipeline in each of its shapes; beside it a flat read of the
     same weight bytes, one launch per weight (tools/csrc/gemv_read_floor.cu), in the same graph form:
     what a chain of memory-bound launches can reach."""
     from ninfer_run.kernels import norms
@@ -369,8 +372,8 @@ def mlp_chain(device: str) -> list[dict]:
     sink = torch.empty(8 * sms * 16 * 32, dtype=torch.int32, device=device)
     act = torch.randn(1, inter, device=device, dtype=torch.bfloat16)  # the down projection's x, GEMVs alone
 
-    def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool = True, staged: bool = False):
-        gemv = functools.partial(cuda_ops.nvfp4_gemv_group, shape=shape, tiled=True, pdl=pdl, staged_x=staged)
+    def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool = True, pipeline: str = "ring"):
+        gemv = functools.partial(cuda_ops.nvfp4_gemv_group, shape=shape, tiled=True, pdl=pdl, pipeline=pipeline)
         h = norms.rms_norm(x, norm_w, 1e-6, 1.0) if small_ops else x
         if grouped:
             g, u = gemv(h, [(*w["gate"], s2), (*w["up"], s2)])
@@ -386,9 +389,11 @@ def mlp_chain(device: str) -> list[dict]:
     variants = {"separate": lambda w: block(w, False, False), "grouped": lambda w: block(w, True, False),
                 "grouped+pdl": lambda w: block(w, True, True),
                 "GEMVs alone": lambda w: block(w, True, True, small_ops=False), "flat read": reads,
-                "grouped+pdl staged x": lambda w: block(w, True, True, staged=True)}
-    for shape in ((4, 2), (4, 4), (8, 4), (16, 2)):  # the engine's shape is gemv_shape's (8, 2) here
-        variants[f"grouped+pdl {shape[0]}x{shape[1]}"] = lambda w, shape=shape: block(w, True, True, shape)
+                "grouped+pdl staged x": lambda w: block(w, True, True, pipeline="ring-staged-x"),
+                "bulk grouped": lambda w: block(w, True, False, pipeline="bulk"),
+                "bulk GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="bulk")}
+    for shape in sorted(cuda_ops.BULK_SHAPES):  # bulk_shape's (8, 4) here
+        variants[f"bulk grouped+pdl {shape[0]}x{shape[1]}"] = lambda w, s=shape: block(w, True, True, s, pipeline="bulk")
     rows = []
     for name, body in variants.items():
         stream = torch.cuda.Stream()

@@ -11,7 +11,8 @@ callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off
   int4_gemv    the same for int4 group-128 weights (symmetric or with zero points), row-major; its
                reference is int_linear.reference. int4_gemv_group likewise.
 Both launch as programmatic dependents (PDL; NINFER_PDL=0 turns it off): each block streams its first
-weight tiles while the kernel before it finishes.
+weight tiles while the kernel before it finishes. NINFER_GEMV_PIPELINE picks how the tiled NVFP4 GEMV
+streams its weights (PIPELINES).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SOURCES = ("ops.cpp", "quant_gemv_sm90.cu")
 CUDA_FLAGS = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo"]
 TILE_K = 128  # K per warp tile of the GEMVs
 GEMV_SHAPES = {(w, d) for w in (4, 8, 16) for d in (2, 4)}  # (warps per block, tiles in flight per warp)
+BULK_SHAPES = {(4, 8), (8, 4), (8, 8)}  # the bulk pipeline's (consumer warps = tiles per slot, slots)
 
 def _build_dir() -> Path:
     digest = hashlib.sha256()
@@ -132,31 +134,45 @@ def tile_nvfp4(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.
 
 
 PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependent launches (csrc)
-# An experiment, off by default (bench_kernels --chain measures it): each GEMV block stages x in shared memory
-STAGED_X = os.environ.get("NINFER_GEMV_STAGED_X", "0") == "1"
+# How the NVFP4 GEMV streams the tiled layout's weights (csrc Pipeline): "ring" (each warp keeps its next
+# tiles in registers), "ring-staged-x" (the ring, x copied to shared memory first: an experiment), "bulk"
+# (a producer warp streams each block's rows through shared memory with bulk asynchronous copies).
+# The row-major layout has the ring only.
+PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2}
+PIPELINE = os.environ.get("NINFER_GEMV_PIPELINE", "ring")
+if PIPELINE not in PIPELINES:
+    raise ValueError(f"NINFER_GEMV_PIPELINE={PIPELINE!r}: one of {sorted(PIPELINES)}")
+
+
+def bulk_shape(k: int) -> tuple[int, int]:
+    """The bulk pipeline's (consumer warps, slots): 8 warps (a slot = 8 K tiles, 9 KB) and 4 slots, 4 warps
+    and 8 slots where K has fewer than 8 tiles."""
+    return (8, 4) if k // TILE_K >= 8 else (4, 8)
 
 
 def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None,
-               tiled_n: int | None = None) -> torch.Tensor:
+               tiled_n: int | None = None, pipeline: str | None = None) -> torch.Tensor:
     """x [M <= 16, K] bf16 -> y [M, N] bf16: nvfp4_linear.reference's float32 sums, rounded once.
-    `shape`: (warps, depth), see gemv_shape. `tiled_n`: qweight, block_scale are tile_nvfp4's layout of
-    an N = tiled_n weight."""
-    return nvfp4_gemv_group(x, [(qweight, block_scale, global_scale)], shape, tiled=tiled_n is not None)[0]
+    `shape`: the pipeline's (gemv_shape, bulk_shape). `tiled_n`: qweight, block_scale are tile_nvfp4's
+    layout of an N = tiled_n weight. `pipeline`: see nvfp4_gemv_group."""
+    return nvfp4_gemv_group(x, [(qweight, block_scale, global_scale)], shape, tiled=tiled_n is not None,
+                            pipeline=pipeline)[0]
 
 
 def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
-                     tiled: bool = False, pdl: bool = PDL, staged_x: bool | None = None) -> list[torch.Tensor]:
+                     tiled: bool = False, pdl: bool = PDL, pipeline: str | None = None) -> list[torch.Tensor]:
     """nvfp4_gemv of 1 to 3 weights (qweight, block_scale, global_scale) that read the same x, as one
-    launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `shape` as for their total N.
-    `staged_x`: csrc's kStagedX experiment (tiled, M <= 8, x up to 48 KB; else ignored); None: STAGED_X
-    as it is at the call (tools/bench.py --staged-x flips it for a second set of decode figures)."""
-    staged_x = STAGED_X if staged_x is None else staged_x
+    launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `pipeline`: one of PIPELINES
+    (tiled only), None: PIPELINE as it is at the call (tools/bench.py --ab-pipeline flips it for a second
+    set of decode figures). `shape`: the pipeline's, as for their total N (gemv_shape, bulk_shape)."""
+    pipeline = (PIPELINE if pipeline is None else pipeline) if tiled else "ring"
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows)
-    warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)
+    if shape is None:
+        shape = bulk_shape(x.shape[1]) if pipeline == "bulk" else gemv_shape(sum(rows), x.shape[1], x.device)
     s2 = [g.reshape(1).to(device=x.device, dtype=torch.float32) for _, _, g in weights]
     torch.ops.ninfer.nvfp4_gemv(x.contiguous(), [q for q, _, _ in weights], [s.view(torch.uint8) for _, s, _ in weights],
-                                s2, ys, warps, depth, tiled, pdl, staged_x)
+                                s2, ys, *shape, tiled, pdl, PIPELINES[pipeline])
     return ys
 
 

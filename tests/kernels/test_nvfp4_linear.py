@@ -52,7 +52,7 @@ def test_gemv_rejects_what_it_cannot_do():
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 @pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (4, 17408, 5120), (9, 1024, 5120), (16, 48, 5120),
-                                    (1, 16, 128), (3, 6144, 5120)])
+                                    (1, 16, 128), (3, 6144, 5120), (12, 32, 2432)])  # 2432: 19 K tiles
 def test_cuda_gemv_matches_reference(m, n, kk):
     from ninfer_run.kernels import cuda_ops
 
@@ -68,7 +68,11 @@ def test_cuda_gemv_matches_reference(m, n, kk):
         assert out.shape == (m, n) and out.dtype == torch.bfloat16
         assert rounded_once(out, ref), shape
         # the tiled codec pairs K differently inside each MMA: float32 sums in another order
-        assert rounded_once(cuda_ops.nvfp4_gemv(x, *tiled, s2, shape=shape, tiled_n=n), ref), shape
+        (out,) = cuda_ops.nvfp4_gemv_group(x, [(*tiled, s2)], shape, tiled=True, pipeline="ring")
+        assert rounded_once(out, ref), shape
+    for shape in sorted(cuda_ops.BULK_SHAPES):  # a partial last slot (19 tiles), slots reused (136 tiles)
+        (out,) = cuda_ops.nvfp4_gemv_group(x, [(*tiled, s2)], shape, tiled=True, pipeline="bulk")
+        assert rounded_once(out, ref), ("bulk", shape)
     # subnormal block scales (e4m3 exponent 0): every scale byte set to 1..7 must still decode exactly
     tiny = torch.randint(1, 8, s8.shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8).to(DEVICE)
     small = tiny.view(s8.dtype)
@@ -76,8 +80,9 @@ def test_cuda_gemv_matches_reference(m, n, kk):
     # the tiled layout with zero, negative and subnormal scales mixed in (tile_nvfp4 rewrites them)
     odd = _odd_scales(s8, m + n)
     want = k.reference(x, q, odd, s2)
-    got = cuda_ops.nvfp4_gemv(x, *cuda_ops.tile_nvfp4(q, odd), s2, tiled_n=n)
-    assert rounded_once(got, want) if want.abs().max() > 0 else torch.equal(got, torch.zeros_like(got))
+    for pipeline in ("ring", "bulk"):
+        (got,) = cuda_ops.nvfp4_gemv_group(x, [(*cuda_ops.tile_nvfp4(q, odd), s2)], tiled=True, pipeline=pipeline)
+        assert rounded_once(got, want) if want.abs().max() > 0 else torch.equal(got, torch.zeros_like(got))
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
@@ -99,7 +104,8 @@ def test_cuda_gemv_group_gives_each_weight_its_own_product(m, pdl):
         refs = [k.reference(x, *w) for w in group]
         tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2) for q, s8, s2 in group]
         for outs in (cuda_ops.nvfp4_gemv_group(x, group, pdl=pdl),
-                     cuda_ops.nvfp4_gemv_group(x, tiled, tiled=True, pdl=pdl)):
+                     cuda_ops.nvfp4_gemv_group(x, tiled, tiled=True, pdl=pdl, pipeline="ring"),
+                     cuda_ops.nvfp4_gemv_group(x, tiled, tiled=True, pdl=pdl, pipeline="bulk")):
             assert len(outs) == count
             for out, ref in zip(outs, refs):
                 assert out.shape == ref.shape and rounded_once(out, ref)
@@ -108,7 +114,7 @@ def test_cuda_gemv_group_gives_each_weight_its_own_product(m, pdl):
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 @pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (3, 6144, 5120), (8, 1024, 2048)])
 def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk):
-    """csrc's kStagedX experiment (x copied to shared memory by each block): the same products."""
+    """csrc's kRingStagedX experiment (x copied to shared memory by each block): the same products."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
@@ -118,12 +124,13 @@ def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk):
     ref = k.reference(x, q, s8, s2)
     tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2)]
     for shape in sorted(cuda_ops.GEMV_SHAPES):
-        (out,) = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, staged_x=True)
+        (out,) = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, pipeline="ring-staged-x")
         assert rounded_once(out, ref), shape
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
-def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x():
+@pytest.mark.parametrize("pipeline", ["ring", "bulk"])
+def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x(pipeline):
     """A GEMV launched as a programmatic dependent starts while the kernel before it runs (the norm lets
     it: kernels/common.launch_dependents) and streams weights; it must read x only after that kernel's
     writes (griddepcontrol.wait). In a CUDA graph a norm over 16K rows writes x, its last row, last; a GEMV
@@ -140,11 +147,11 @@ def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x():
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         normed = norms.rms_norm(rows, weight, 1e-6, 0.0)  # warm-up (compiles) outside the capture
-        cuda_ops.nvfp4_gemv_group(normed[-1:], tiled, tiled=True)
+        cuda_ops.nvfp4_gemv_group(normed[-1:], tiled, tiled=True, pipeline=pipeline)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             normed = norms.rms_norm(rows, weight, 1e-6, 0.0)
-            (y,) = cuda_ops.nvfp4_gemv_group(normed[-1:], tiled, tiled=True, pdl=True)
+            (y,) = cuda_ops.nvfp4_gemv_group(normed[-1:], tiled, tiled=True, pdl=True, pipeline=pipeline)
     for seed in range(6):
         rows.copy_(torch.randn(rows.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, DTYPE))
         graph.replay()

@@ -10,7 +10,7 @@
 
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
-                           int depth, bool tiled, bool pdl, bool staged_x, cudaStream_t stream);
+                           int depth, bool tiled, bool pdl, int pipeline, cudaStream_t stream);
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
                           bool pdl, cudaStream_t stream);
@@ -47,7 +47,7 @@ void check_launch(const char* op, int err, int64_t warps, int64_t depth) {
 
 // tiled: q and scale in cuda_ops.tile_nvfp4's layout (the same bytes, each 16-row x 128-K tile contiguous)
 void nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
-                int64_t warps, int64_t depth, bool tiled, bool pdl, bool staged_x) {
+                int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline) {
   TORCH_CHECK(scale.size() == q.size() && s2.size() == q.size(), "nvfp4_gemv: as many scales as weights");
   std::vector<int> n;
   for (const at::Tensor& t : q) n.push_back(static_cast<int>(t.size(0) * (tiled ? 16 : 1)));
@@ -70,7 +70,7 @@ void nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at:
   const c10::cuda::CUDAGuard guard(x.device());
   check_launch("nvfp4_gemv",
                ninfer_nvfp4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), s2p.data(),
-                                      n.data(), yp.data(), M, K, warps, depth, tiled, pdl, staged_x,
+                                      n.data(), yp.data(), M, K, warps, depth, tiled, pdl, static_cast<int>(pipeline),
                                       c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
@@ -107,11 +107,12 @@ void int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, cons
 }  // namespace
 
 // One launch for 1 to 3 weights that read the same x, each into its own y [M, N].
-// pdl: launched as a programmatic dependent of the kernel before it; staged_x: the experiment of
-// quant_gemv_sm90.cu (tiled NVFP4, M <= 8, x up to 48 KB; otherwise ignored).
+// pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
+// its weights (quant_gemv_sm90.cu's Pipeline: 0 register ring, 1 ring with x staged in shared memory,
+// 2 bulk copies through shared memory; 1 and 2 for the tiled layout only).
 TORCH_LIBRARY(ninfer, m) {
   m.def("nvfp4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
-        "bool tiled, bool pdl, bool staged_x) -> ()");
+        "bool tiled, bool pdl, int pipeline) -> ()");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
         "bool pdl) -> ()");
 }

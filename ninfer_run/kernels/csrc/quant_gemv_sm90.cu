@@ -307,6 +307,36 @@ __device__ __forceinline__ T pick(const T (&values)[kMaxParts], int p) {  // con
   return p == 0 ? values[0] : p == 1 ? values[1] : values[2];
 }
 
+// The block's end: each warp's two accumulator chains summed into its partial; after a barrier, warp 0
+// adds the warps' partials and writes the 16 rows of each token, once, in bf16.
+template <bool kHighTokens>
+__device__ __forceinline__ void store_partial(float (&partial)[kHighTokens ? 2 : 1][4][32], const float (&d)[2][2][4],
+                                              int lane) {
+#pragma unroll
+  for (int th = 0; th < (kHighTokens ? 2 : 1); ++th)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[th][i][lane] = d[th][0][i] + d[th][1][i];
+}
+
+template <class Codec, bool kHighTokens, int kWarps>
+__device__ __forceinline__ void write_rows(const float (&partial)[kWarps][kHighTokens ? 2 : 1][4][32],
+                                           const Parts<typename Codec::Args>& parts, int n0, int M, int lane) {
+  const int part = part_of(parts, blockIdx.x);  // (recomputed: nothing part-dependent stays live in the loop)
+  const float out_scale = Codec::out_scale(pick(parts.args, part));
+  __nv_bfloat16* y = pick(parts.y, part);
+  const int N = pick(parts.rows, part), g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int th = 0; th < (kHighTokens ? 2 : 1); ++th)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) v += partial[w][th][i][lane];
+      const int token = 8 * th + 2 * c + (i & 1), row = n0 + g + 8 * (i >> 1);  // the m16n8 accumulator layout
+      if (token < M) y[(size_t)token * N + row] = __float2bfloat16_rn(v * out_scale);
+    }
+}
+
 // Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (an experiment,
 // bench_kernels --chain): the block first copies x [M, K] into shared memory with all its threads, so
 // each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
@@ -370,68 +400,214 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
       }
     }
   }
-  constexpr int kHalves = kHighTokens ? 2 : 1;
-  __shared__ float partial[kWarps][kHalves][4][32];
-#pragma unroll
-  for (int th = 0; th < kHalves; ++th)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][th][i][lane] = d[th][0][i] + d[th][1][i];
+  __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
+  store_partial<kHighTokens>(partial[warp], d, lane);
   __syncthreads();
-  if (warp != 0) return;
-  const int last = part_of(parts, blockIdx.x);  // (recomputed: nothing part-dependent stays live in the loop)
-  const float out_scale = Codec::out_scale(pick(parts.args, last));
-  __nv_bfloat16* y = pick(parts.y, last);
-  const int N = pick(parts.rows, last);
-#pragma unroll
-  for (int th = 0; th < kHalves; ++th)
+  if (warp == 0) write_rows<Codec, kHighTokens, kWarps>(partial, parts, n0, M, lane);
+}
+
+// The bulk-copy pipeline (tiled NVFP4). In the kernel above a warp's next loads wait for its arithmetic
+// and the tiles in flight cost registers (so blocks): in the MLP chain it reached 63% of copy where a flat
+// read of the same bytes reached 86%. Here a producer warp streams the block's 16-row strip (contiguous in
+// the tiled layout) through kStages shared-memory slots with bulk asynchronous copies (cp.async.bulk, the
+// TMA engine; an mbarrier counts the bytes in), while kWarps consumer warps compute: the bytes in flight
+// cost shared memory only and keep coming while the warps compute. A slot holds one chunk: kWarps
+// consecutive K tiles, codes and scales (two copies), tile w for consumer warp w. A consumer frees the slot
+// (the empty barrier) as soon as its tile is in registers; the producer refills it with chunk j + kStages.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
+}
+
+__device__ __forceinline__ void barrier_expect_bytes(uint64_t* bar, uint32_t bytes) {  // the producer's arrival
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(shared_address(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(shared_address(dst)), "l"(src), "r"(bytes), "r"(shared_address(bar)) : "memory");
+}
+
+constexpr int kTileBytes = 1024 + 128;  // a tiled NVFP4 tile: codes, scales
+
+template <int kWarps, int kStages>
+constexpr int bulk_shared_bytes() { return kStages * kWarps * kTileBytes; }
+
+// (At M <= 8, registers capped for 3 blocks of 8 consumer warps per SM, 5 of 4: no spills.)
+template <bool kHighTokens, int kWarps, int kStages>
+__global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps == 8 ? 3 : 5)) gemv_bulk(const __nv_bfloat16* __restrict__ x,
+                                                               const Parts<Nvfp4::Args> parts, int M, int K) {
+  constexpr int kCodes = kWarps * 1024, kScales = kWarps * 128;  // a slot's bytes
+  extern __shared__ __align__(128) uint8_t slots[];              // codes [kStages][kCodes], scales [kStages][kScales]
+  __shared__ uint64_t full[kStages], empty[kStages];
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tiles = K / kTileK, chunks = (tiles + kWarps - 1) / kWarps;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], kWarps * 32);  // every consumer lane arrives
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int part = part_of(parts, blockIdx.x);
+  const int block = blockIdx.x - pick(parts.first_block, part);  // within the part
+  if (warp == kWarps) {  // the producer: weights only, which no kernel writes, so no griddepcontrol.wait
+    if (lane == 0) {
+      const uint8_t* codes = pick(parts.q, part) + (size_t)block * tiles * 1024;
+      const uint8_t* scales = pick(parts.args, part).scale + (size_t)block * tiles * 128;
+      for (int j = 0; j < chunks; ++j) {
+        const int slot = j % kStages, n = min(kWarps, tiles - j * kWarps);
+        if (j >= kStages) barrier_wait(&empty[slot], (j / kStages - 1) & 1);
+        barrier_expect_bytes(&full[slot], n * kTileBytes);
+        bulk_copy(slots + slot * kCodes, codes + (size_t)j * kCodes, n * 1024, &full[slot]);
+        bulk_copy(slots + kStages * kCodes + slot * kScales, scales + (size_t)j * kScales, n * 128, &full[slot]);
+      }
+    }
+    return;
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
+  // x: rows past M read row M - 1 instead of zeros (an MMA's output column depends on its own B column
+  // only, and those tokens are not written): no predicates, no zero fills. A tile past the last (a
+  // partial last chunk) reads the last tile's x. Loaded a chunk ahead, into the other of two buffers.
+  const int g = lane >> 2, c = lane & 3;
+  const uint4* x_low = reinterpret_cast<const uint4*>(x + (size_t)min(g, M - 1) * K + warp * kTileK + 32 * c);
+  const uint4* x_high = reinterpret_cast<const uint4*>(x + (size_t)min(g + 8, M - 1) * K + warp * kTileK + 32 * c);
+  const int last_x = (tiles - 1 - warp) * kTileK / 8;  // in uint4, from x_low / x_high
+  auto load_tile_x = [&](uint4 (&xl)[4], uint4 (&xh)[4], int j) {
+    const int at = min(j * kWarps * kTileK / 8, last_x);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      float v = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) v += partial[w][th][i][lane];
-      const int token = 8 * th + 2 * c + (i & 1), row = n0 + g + 8 * (i >> 1);  // the m16n8 accumulator layout
-      if (token < M) y[(size_t)token * N + row] = __float2bfloat16_rn(v * out_scale);
+      xl[i] = __ldg(x_low + at + i);
+      if (kHighTokens) xh[i] = __ldg(x_high + at + i);
     }
+  };
+  float d[2][2][4] = {};
+  const uint8_t* codes = slots + warp * 1024 + 16 * lane;                    // slot 0's, this lane's
+  const uint8_t* scales = slots + kStages * kCodes + warp * 128 + 4 * lane;
+  // Chunk j in slot i (the loop is unrolled over the slots: constant offsets, constant x buffers).
+  auto step = [&](int j, int i, uint32_t parity, const uint4 (&xl)[4], const uint4 (&xh)[4], uint4 (&next_l)[4],
+                  uint4 (&next_h)[4]) {
+    load_tile_x(next_l, next_h, j + 1);
+    barrier_wait(&full[i], parity);
+    const uint4 wg = *reinterpret_cast<const uint4*>(codes + i * kCodes);
+    const uint4 wh = *reinterpret_cast<const uint4*>(codes + i * kCodes + 512);
+    const uint32_t both = *reinterpret_cast<const uint32_t*>(scales + i * kScales);
+    barrier_arrive(&empty[i]);  // every lane, after its own reads: the slot may be refilled
+    if (j * kWarps + warp < tiles) Nvfp4Tiled::tile<kHighTokens>(d, wg, wh, {both & 0xFFFFu}, {both >> 16}, xl, xh);
+  };
+  static_assert(kStages % 2 == 0, "two x buffers alternate over the slots");
+  uint4 xl[2][4], xh[2][4];
+  load_tile_x(xl[0], xh[0], 0);
+  for (int j0 = 0; j0 < chunks; j0 += kStages) {
+    const uint32_t parity = (j0 / kStages) & 1;
+#pragma unroll
+    for (int i = 0; i < kStages; ++i)
+      if (j0 + i < chunks) step(j0 + i, i, parity, xl[i & 1], xh[i & 1], xl[(i + 1) & 1], xh[(i + 1) & 1]);
+  }
+  __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
+  store_partial<kHighTokens>(partial[warp], d, lane);
+  asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");  // the consumers (the producer has left)
+  if (warp == 0) write_rows<Nvfp4Tiled, kHighTokens, kWarps>(partial, parts, block * 16, M, lane);
 }
 
 constexpr int kMaxStagedBytes = 48 * 1024;  // x staged in shared memory without an opt-in attribute
 
+// How a launch streams its weights (ops.cpp's `pipeline`): the register ring, the ring with x staged
+// in shared memory (tiled NVFP4, M <= 8, x up to 48 KB; else the plain ring), the bulk-copy pipeline
+// (tiled NVFP4 only).
+enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2 };
+
+struct Launch {  // cudaLaunchKernelEx's configuration, with or without programmatic dependent launch
+  cudaLaunchAttribute attribute{};
+  cudaLaunchConfig_t config{};
+  Launch(int blocks, int threads, size_t shared, bool pdl, cudaStream_t stream) {
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = shared;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = pdl ? 1 : 0;
+  }
+};
+
 template <class Codec, int kWarps, int kDepth, bool kTiled>
 cudaError_t launch(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
-                   bool staged_x, cudaStream_t stream) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kWarps * 32);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = pdl ? 1 : 0;
+                   int pipeline, cudaStream_t stream) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  if constexpr (kTiled) {  // the experiment: tiled NVFP4, M <= 8, x small enough
-    if (staged_x && M <= 8 && M * K * 2 <= kMaxStagedBytes) {
-      config.dynamicSmemBytes = M * K * 2;
-      return cudaLaunchKernelEx(&config, gemv<Codec, false, kWarps, kDepth, kTiled, true>, xb, parts, M, K);
+  if constexpr (kTiled) {
+    if (pipeline == kRingStagedX && M <= 8 && M * K * 2 <= kMaxStagedBytes) {
+      Launch l(blocks, kWarps * 32, M * K * 2, pdl, stream);
+      return cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, true>, xb, parts, M, K);
     }
   }
-  return M > 8 ? cudaLaunchKernelEx(&config, gemv<Codec, true, kWarps, kDepth, kTiled, false>, xb, parts, M, K)
-               : cudaLaunchKernelEx(&config, gemv<Codec, false, kWarps, kDepth, kTiled, false>, xb, parts, M, K);
+  Launch l(blocks, kWarps * 32, 0, pdl, stream);
+  return M > 8 ? cudaLaunchKernelEx(&l.config, gemv<Codec, true, kWarps, kDepth, kTiled, false>, xb, parts, M, K)
+               : cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, false>, xb, parts, M, K);
 }
 
-// (warps, depth) in {4, 8, 16} x {2, 4}; every part's N % 16 == 0, blocks = their sum / 16.
+template <bool kHighTokens, int kWarps, int kStages>
+cudaError_t launch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int M, int K, bool pdl,
+                        cudaStream_t stream) {
+  constexpr int kShared = bulk_shared_bytes<kWarps, kStages>();
+  auto* kernel = gemv_bulk<kHighTokens, kWarps, kStages>;
+  if constexpr (kShared > kMaxStagedBytes) {  // past the default: opted in once per kernel
+    static const cudaError_t opt_in =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared);
+    if (opt_in != cudaSuccess) return opt_in;
+  }
+  Launch l(blocks, (kWarps + 1) * 32, kShared, pdl, stream);
+  return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, M, K);
+}
+
+// Ring: (warps, depth) in {4, 8, 16} x {2, 4}; bulk: (consumer warps, stages) in {(4, 8), (8, 4), (8, 8)}.
+// Every part's N % 16 == 0, blocks = their sum / 16.
 template <class Codec, bool kTiled>
 int dispatch(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, int warps, int depth,
-             bool pdl, bool staged_x, cudaStream_t stream) {
-  cudaError_t err;
+             bool pdl, int pipeline, cudaStream_t stream) {
+  cudaError_t err = cudaErrorInvalidValue;
+  if (pipeline == kBulk) {
+    if constexpr (kTiled) {
+      const bool high = M > 8;
+      switch (warps * 10 + depth) {
+        case 48: err = high ? launch_bulk<true, 4, 8>(x, parts, blocks, M, K, pdl, stream)
+                            : launch_bulk<false, 4, 8>(x, parts, blocks, M, K, pdl, stream); break;
+        case 84: err = high ? launch_bulk<true, 8, 4>(x, parts, blocks, M, K, pdl, stream)
+                            : launch_bulk<false, 8, 4>(x, parts, blocks, M, K, pdl, stream); break;
+        case 88: err = high ? launch_bulk<true, 8, 8>(x, parts, blocks, M, K, pdl, stream)
+                            : launch_bulk<false, 8, 8>(x, parts, blocks, M, K, pdl, stream); break;
+        default: break;
+      }
+    }
+    return static_cast<int>(err);
+  }
   switch (warps * 10 + depth) {
-    case 42: err = launch<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
-    case 44: err = launch<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
-    case 82: err = launch<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
-    case 84: err = launch<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
-    case 162: err = launch<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
-    case 164: err = launch<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, staged_x, stream); break;
-    default: return static_cast<int>(cudaErrorInvalidValue);
+    case 42: err = launch<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
+    case 44: err = launch<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
+    case 82: err = launch<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
+    case 84: err = launch<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
+    case 162: err = launch<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
+    case 164: err = launch<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
+    default: break;
   }
   return static_cast<int>(err);
 }
@@ -455,10 +631,11 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
 }  // namespace ninfer_sm90
 
 // The launchers ops.cpp calls: `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the
-// launch's CUDA error code (cudaErrorInvalidValue for a (warps, depth) combination that is not built).
+// launch's CUDA error code (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a
+// pipeline the layout has not: staged x and bulk copies are the tiled NVFP4 layout's).
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
-                           int depth, bool tiled, bool pdl, bool staged_x, cudaStream_t stream) {
+                           int depth, bool tiled, bool pdl, int pipeline, cudaStream_t stream) {
   using ninfer_sm90::Nvfp4;
   if (count < 1 || count > ninfer_sm90::kMaxParts) return static_cast<int>(cudaErrorInvalidValue);
   Nvfp4::Args args[ninfer_sm90::kMaxParts];
@@ -466,9 +643,10 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
   ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
   if (tiled)
-    return ninfer_sm90::dispatch<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, staged_x,
+    return ninfer_sm90::dispatch<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
                                                                  stream);
-  return ninfer_sm90::dispatch<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, false, stream);
+  if (pipeline != ninfer_sm90::kRing) return static_cast<int>(cudaErrorInvalidValue);
+  return ninfer_sm90::dispatch<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, ninfer_sm90::kRing, stream);
 }
 
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
@@ -481,5 +659,5 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
     args[p] = {static_cast<const __nv_bfloat16*>(scale[p]), static_cast<const int32_t*>(zero[p])};
   ninfer_sm90::Parts<Int4::Args> parts;
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
-  return ninfer_sm90::dispatch<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, false, stream);
+  return ninfer_sm90::dispatch<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, ninfer_sm90::kRing, stream);
 }
