@@ -347,7 +347,7 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
         p["decode"].append(row)
         save()
         print(f"[{profile}] decode C=1 at {args.decode_context} tokens: {row['tok_s']:.1f} tok/s", flush=True)
-    if model.has_mtp:
+    if model.has_mtp and not args.no_mtp:
         decode(model, 1, 8, 128, draft_tokens=3)  # warm-up: verify (M = 4) and head kernels compile here
         # the real acceptance (random weights: ~0) at C = 1; the forced one at every concurrency
         for c, forced in [(1, False)] + [(c, True) for c in args.concurrency]:
@@ -367,7 +367,7 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
         finally:
             cuda_ops.PIPELINE = default
     decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
-    if model.has_mtp:  # a speculative step's device and host time: head drafts and observe, verify
+    if model.has_mtp and not args.no_mtp:  # a speculative step's device and host time: head drafts and observe, verify
         decode(model, 1, 8, 512, draft_tokens=3, forced=True, profile_to=args.out / "decode_profile_mtp.txt")
     if max(args.concurrency) > 1:  # and at the largest concurrency: what grows with the batch
         c = max(args.concurrency)
@@ -388,6 +388,7 @@ def main() -> None:
                         help="also profile one prefill of this many tokens (prefill_profile.txt)")
     parser.add_argument("--no-decode", action="store_true", help="prefill figures only (no decode, MTP, profiles)")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers")
+    parser.add_argument("--no-mtp", action="store_true", help="skip the speculative (MTP) figures")
     parser.add_argument("--ab-pipeline", choices=sorted(cuda_ops.PIPELINES), default=None,
                         help="also decode C = 1 and 4 with the NVFP4 GEMV's weights streamed this way (an A/B)")
     parser.add_argument("--smoke", action="store_true")

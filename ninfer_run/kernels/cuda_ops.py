@@ -30,7 +30,7 @@ SOURCES = ("ops.cpp", "quant_gemv_sm90.cu")
 CUDA_FLAGS = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo"]
 TILE_K = 128  # K per warp tile of the GEMVs
 GEMV_SHAPES = {(w, d) for w in (4, 8, 16) for d in (2, 4)}  # (warps per block, tiles in flight per warp)
-BULK_SHAPES = {(4, 8), (8, 4), (8, 8)}  # the bulk pipeline's (consumer warps = tiles per slot, slots)
+BULK_SHAPES = {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}  # the bulk pipeline's (consumer warps = tiles per slot, slots)
 
 def _build_dir() -> Path:
     digest = hashlib.sha256()

@@ -510,7 +510,11 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
     const uint4 wg = *reinterpret_cast<const uint4*>(codes + i * kCodes);
     const uint4 wh = *reinterpret_cast<const uint4*>(codes + i * kCodes + 512);
     const uint32_t both = *reinterpret_cast<const uint32_t*>(scales + i * kScales);
-    barrier_arrive(&empty[i]);  // every lane, after its own reads: the slot may be refilled
+    // Every lane frees the slot after its own reads; the reads are the generic proxy's and the refill
+    // the async proxy's writes, so a proxy fence orders them (without it the GPU tests saw refills
+    // land before reads at M > 1).
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    barrier_arrive(&empty[i]);
     if (j * kWarps + warp < tiles) Nvfp4Tiled::tile<kHighTokens>(d, wg, wh, {both & 0xFFFFu}, {both >> 16}, xl, xh);
   };
   static_assert(kStages % 2 == 0, "two x buffers alternate over the slots");
@@ -589,6 +593,10 @@ int dispatch(const void* x, const Parts<typename Codec::Args>& parts, int blocks
     if constexpr (kTiled) {
       const bool high = M > 8;
       switch (warps * 10 + depth) {
+        case 44: err = high ? launch_bulk<true, 4, 4>(x, parts, blocks, M, K, pdl, stream)
+                            : launch_bulk<false, 4, 4>(x, parts, blocks, M, K, pdl, stream); break;
+        case 82: err = high ? launch_bulk<true, 8, 2>(x, parts, blocks, M, K, pdl, stream)
+                            : launch_bulk<false, 8, 2>(x, parts, blocks, M, K, pdl, stream); break;
         case 48: err = high ? launch_bulk<true, 4, 8>(x, parts, blocks, M, K, pdl, stream)
                             : launch_bulk<false, 4, 8>(x, parts, blocks, M, K, pdl, stream); break;
         case 84: err = high ? launch_bulk<true, 8, 4>(x, parts, blocks, M, K, pdl, stream)
