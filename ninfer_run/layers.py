@@ -143,7 +143,11 @@ def linear_group(x: torch.Tensor, weights: list) -> list[torch.Tensor]:
 
 
 def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
-    return linear(silu_mul(*linear_group(x, [gate, up])), down)
+    """down(SiLU(gate(x)) * up(x)); decode rows on the CUDA GEMVs take gate, up and the activation in one
+    launch (kernels/linear.py, glu), else silu_mul of the two."""
+    group = None if isinstance(gate, torch.Tensor) else getattr(gate, "group", None)
+    fused = group(x, [gate, up], glu=True) if group is not None else None
+    return linear(fused[0] if fused is not None else silu_mul(*linear_group(x, [gate, up])), down)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -160,19 +160,22 @@ def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple
 
 
 def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
-                     tiled: bool = False, pdl: bool = PDL, pipeline: str | None = None) -> list[torch.Tensor]:
+                     tiled: bool = False, pdl: bool = PDL, pipeline: str | None = None,
+                     glu: bool = False) -> list[torch.Tensor]:
     """nvfp4_gemv of 1 to 3 weights (qweight, block_scale, global_scale) that read the same x, as one
     launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `pipeline`: one of PIPELINES
     (tiled only), None: PIPELINE as it is at the call (tools/bench.py --ab-pipeline flips it for a second
-    set of decode figures). `shape`: the pipeline's, as for their total N (gemv_shape, bulk_shape)."""
+    set of decode figures). `shape`: the pipeline's, as for their total N (gemv_shape, bulk_shape).
+    `glu` (tiled): the weights are gate and up of one N -> [SiLU(x @ gate^T) * (x @ up^T)], from the
+    float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own)."""
     pipeline = (PIPELINE if pipeline is None else pipeline) if tiled else "ring"
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
-    ys = _outputs(x, rows)
+    ys = _outputs(x, rows[:1] if glu else rows)
     if shape is None:
         shape = bulk_shape(x.shape[1]) if pipeline == "bulk" else gemv_shape(sum(rows), x.shape[1], x.device)
     s2 = [g.reshape(1).to(device=x.device, dtype=torch.float32) for _, _, g in weights]
     torch.ops.ninfer.nvfp4_gemv(x.contiguous(), [q for q, _, _ in weights], [s.view(torch.uint8) for _, s, _ in weights],
-                                s2, ys, *shape, tiled, pdl, PIPELINES[pipeline])
+                                s2, ys, *shape, tiled, pdl, PIPELINES[pipeline], glu)
     return ys
 
 
@@ -183,13 +186,14 @@ def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int
 
 
 def int4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
-                    pdl: bool = PDL) -> list[torch.Tensor]:
-    """int4_gemv of 1 to 3 weights (qweight, scale, zero_point) that read the same x, as one launch."""
+                    pdl: bool = PDL, glu: bool = False) -> list[torch.Tensor]:
+    """int4_gemv of 1 to 3 weights (qweight, scale, zero_point) that read the same x, as one launch;
+    `glu` as for nvfp4_gemv_group."""
     rows = [q.shape[0] for q, _, _ in weights]
-    ys = _outputs(x, rows)
+    ys = _outputs(x, rows[:1] if glu else rows)
     warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)
     torch.ops.ninfer.int4_gemv(x.contiguous(), [q for q, _, _ in weights], [s for _, s, _ in weights],
-                               [z for _, _, z in weights], ys, warps, depth, pdl)
+                               [z for _, _, z in weights], ys, warps, depth, pdl, glu)
     return ys
 
 

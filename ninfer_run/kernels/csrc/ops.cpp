@@ -10,25 +10,27 @@
 
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
-                           int depth, bool tiled, bool pdl, int pipeline, cudaStream_t stream);
+                           int depth, bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream);
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool pdl, cudaStream_t stream);
+                          bool pdl, bool glu, cudaStream_t stream);
 
 namespace {
 
 constexpr size_t kMaxParts = 3;  // quant_gemv_sm90.cu's
 
 // What both GEMVs require of x, the parts' row counts n and their outputs y[p] [M, n[p]] (a block takes
-// 16 rows); -> (M, K) and y's pointers.
+// 16 rows), or with glu two parts of one N and one y [M, N]; -> (M, K) and y's pointers.
 std::tuple<int64_t, int64_t, std::vector<void*>> check_rows(const char* op, const at::Tensor& x, at::TensorList y,
-                                                            const std::vector<int>& n) {
+                                                            const std::vector<int>& n, bool glu) {
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), op, ": x contiguous bf16 on CUDA");
   TORCH_CHECK(M >= 1 && M <= 16 && K % 128 == 0, op, ": M in 1..16, K % 128 == 0");
-  TORCH_CHECK(!n.empty() && n.size() <= kMaxParts && y.size() == n.size(), op, ": 1 to 3 weights, one y each");
+  TORCH_CHECK(!n.empty() && n.size() <= kMaxParts && y.size() == (glu ? 1 : n.size()), op,
+              ": 1 to 3 weights, one y each (glu: gate and up, one y)");
+  TORCH_CHECK(!glu || (n.size() == 2 && n[0] == n[1]), op, ": glu takes gate and up of one N");
   std::vector<void*> out;
-  for (size_t p = 0; p < n.size(); ++p) {
+  for (size_t p = 0; p < y.size(); ++p) {
     TORCH_CHECK(n[p] > 0 && n[p] % 16 == 0, op, ": each weight's N % 16 == 0");
     TORCH_CHECK(y[p].scalar_type() == at::kBFloat16 && y[p].is_contiguous() && y[p].dim() == 2 && y[p].size(0) == M &&
                     y[p].size(1) == n[p], op, ": each y bf16 [M, its weight's N]");
@@ -47,11 +49,11 @@ void check_launch(const char* op, int err, int64_t warps, int64_t depth) {
 
 // tiled: q and scale in cuda_ops.tile_nvfp4's layout (the same bytes, each 16-row x 128-K tile contiguous)
 void nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
-                int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline) {
+                int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu) {
   TORCH_CHECK(scale.size() == q.size() && s2.size() == q.size(), "nvfp4_gemv: as many scales as weights");
   std::vector<int> n;
   for (const at::Tensor& t : q) n.push_back(static_cast<int>(t.size(0) * (tiled ? 16 : 1)));
-  const auto [M, K, yp] = check_rows("nvfp4_gemv", x, y, n);
+  const auto [M, K, yp] = check_rows("nvfp4_gemv", x, y, n, glu);
   std::vector<const void*> qp, sp;
   std::vector<const float*> s2p;
   for (size_t p = 0; p < q.size(); ++p) {
@@ -70,17 +72,17 @@ void nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at:
   const c10::cuda::CUDAGuard guard(x.device());
   check_launch("nvfp4_gemv",
                ninfer_nvfp4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), s2p.data(),
-                                      n.data(), yp.data(), M, K, warps, depth, tiled, pdl, static_cast<int>(pipeline),
+                                      n.data(), yp.data(), M, K, warps, depth, tiled, pdl, static_cast<int>(pipeline), glu,
                                       c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
 void int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, const c10::List<std::optional<at::Tensor>>& zero,
-               at::TensorList y, int64_t warps, int64_t depth, bool pdl) {
+               at::TensorList y, int64_t warps, int64_t depth, bool pdl, bool glu) {
   TORCH_CHECK(scale.size() == q.size() && zero.size() == q.size(), "int4_gemv: as many scales and zeros as weights");
   std::vector<int> n;
   for (const at::Tensor& t : q) n.push_back(static_cast<int>(t.size(0)));
-  const auto [M, K, yp] = check_rows("int4_gemv", x, y, n);
+  const auto [M, K, yp] = check_rows("int4_gemv", x, y, n, glu);
   std::vector<const void*> qp, sp, zp;
   for (size_t p = 0; p < q.size(); ++p) {
     TORCH_CHECK(q[p].scalar_type() == at::kInt && q[p].is_contiguous() && q[p].size(1) * 8 == K, "q: i32 [N, K/8]");
@@ -99,22 +101,23 @@ void int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, cons
   const c10::cuda::CUDAGuard guard(x.device());
   check_launch("int4_gemv",
                ninfer_int4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), zp.data(),
-                                     n.data(), yp.data(), M, K, warps, depth, pdl,
+                                     n.data(), yp.data(), M, K, warps, depth, pdl, glu,
                                      c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
 }  // namespace
 
-// One launch for 1 to 3 weights that read the same x, each into its own y [M, N].
+// One launch for 1 to 3 weights that read the same x, each into its own y [M, N]; glu: gate and up into
+// one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
 // its weights (quant_gemv_sm90.cu's Pipeline: 0 register ring, 1 ring with x staged in shared memory,
 // 2 bulk copies through shared memory; 1 and 2 for the tiled layout only).
 TORCH_LIBRARY(ninfer, m) {
   m.def("nvfp4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
-        "bool tiled, bool pdl, int pipeline) -> ()");
+        "bool tiled, bool pdl, int pipeline, bool glu) -> ()");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
-        "bool pdl) -> ()");
+        "bool pdl, bool glu) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ninfer, CUDA, m) {

@@ -318,41 +318,53 @@ __device__ __forceinline__ void store_partial(float (&partial)[kHighTokens ? 2 :
     for (int i = 0; i < 4; ++i) partial[th][i][lane] = d[th][0][i] + d[th][1][i];
 }
 
-template <class Codec, bool kHighTokens, int kWarps>
+// kGlu: the block's first kWarps / 2 warps summed gate's rows, the others up's: y = SiLU(gate) * up, in
+// float32 from the sums (each with its own output scale), rounded once.
+template <class Codec, bool kHighTokens, int kWarps, bool kGlu>
 __device__ __forceinline__ void write_rows(const float (&partial)[kWarps][kHighTokens ? 2 : 1][4][32],
                                            const Parts<typename Codec::Args>& parts, int n0, int M, int lane) {
-  const int part = part_of(parts, blockIdx.x);  // (recomputed: nothing part-dependent stays live in the loop)
+  const int part = kGlu ? 0 : part_of(parts, blockIdx.x);  // (recomputed: nothing part-dependent stays live)
   const float out_scale = Codec::out_scale(pick(parts.args, part));
+  const float up_scale = kGlu ? Codec::out_scale(parts.args[1]) : 0.f;
   __nv_bfloat16* y = pick(parts.y, part);
   const int N = pick(parts.rows, part), g = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int th = 0; th < (kHighTokens ? 2 : 1); ++th)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      float v = 0.f;
+      float v = 0.f, up = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) v += partial[w][th][i][lane];
+      for (int w = 0; w < kWarps; ++w) {
+        if (kGlu && w >= kWarps / 2) up += partial[w][th][i][lane];
+        else v += partial[w][th][i][lane];
+      }
+      v *= out_scale;
+      if (kGlu) v = v / (1.f + __expf(-v)) * (up * up_scale);
       const int token = 8 * th + 2 * c + (i & 1), row = n0 + g + 8 * (i >> 1);  // the m16n8 accumulator layout
-      if (token < M) y[(size_t)token * N + row] = __float2bfloat16_rn(v * out_scale);
+      if (token < M) y[(size_t)token * N + row] = __float2bfloat16_rn(v);
     }
 }
 
-// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (an experiment,
+// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kGlu (two parts, gate and up, of
+// one N): N / 16 blocks, the first half of a block's warps split gate's K tiles, the others up's, and the
+// block writes SiLU(gate) * up (write_rows). kStagedX (an experiment,
 // bench_kernels --chain): the block first copies x [M, K] into shared memory with all its threads, so
 // each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
-template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, bool kGlu>
 __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x,
                                                       const Parts<typename Codec::Args> parts, int M, int K) {
   extern __shared__ uint4 x_staged[];  // kStagedX: M * K bf16
   using RowAux = typename Codec::RowAux;
+  constexpr int kSplit = kGlu ? kWarps / 2 : kWarps;  // the warps that split one weight's K tiles
   asm volatile("griddepcontrol.launch_dependents;");
-  const int part = part_of(parts, blockIdx.x);
+  const int warp_id = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int part = kGlu ? warp_id / kSplit : part_of(parts, blockIdx.x);
+  const int warp = kGlu ? warp_id % kSplit : warp_id;  // among its weight's warps
   const uint8_t* q = pick(parts.q, part);
   const typename Codec::Args args = pick(parts.args, part);
-  const int block = blockIdx.x - pick(parts.first_block, part);  // within the part
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int block = blockIdx.x - (kGlu ? 0 : pick(parts.first_block, part));  // within the part
   const int n0 = block * 16, tiles = K / kTileK;
-  const int steps = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;  // this warp's K tiles
+  const int steps = warp < tiles ? (tiles - warp + kSplit - 1) / kSplit : 0;  // this warp's K tiles
   // row-major: + 64 bytes per K tile; tiled (see tile): each (16 rows, 128 K) tile is 1 KB, lane order
   const uint8_t* wg_lane = kTiled ? q + (size_t)block * tiles * 1024 + 16 * lane
                                   : q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile
@@ -365,7 +377,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
 #pragma unroll
   for (int i = 0; i < kDepth; ++i) {
     if (i < steps) {
-      const int kt = warp + i * kWarps;
+      const int kt = warp + i * kSplit;
       wg[i] = load_stream(wg_lane + (size_t)kt * kStride);
       wh[i] = load_stream(wh_lane + (size_t)kt * kStride);
       load_rows<Codec, kTiled>(ag[i], ah[i], args, n0, K, kt, g, c);
@@ -384,10 +396,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
 #pragma unroll
     for (int i = 0; i < kRing; ++i) {
       if (s + i < steps) {
-        const int kt = warp + (s + i) * kWarps;
+        const int kt = warp + (s + i) * kSplit;
         if (s + i + kDepth < steps) {  // the tile kDepth steps ahead, into the slot the last step freed
           const int slot = (i + kDepth) % kRing;  // (a constant: the loop is unrolled)
-          const int next = kt + kDepth * kWarps;
+          const int next = kt + kDepth * kSplit;
           wg[slot] = load_stream(wg_lane + (size_t)next * kStride);
           wh[slot] = load_stream(wh_lane + (size_t)next * kStride);
           load_rows<Codec, kTiled>(ag[slot], ah[slot], args, n0, K, next, g, c);
@@ -401,9 +413,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
     }
   }
   __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
-  store_partial<kHighTokens>(partial[warp], d, lane);
+  store_partial<kHighTokens>(partial[warp_id], d, lane);
   __syncthreads();
-  if (warp == 0) write_rows<Codec, kHighTokens, kWarps>(partial, parts, n0, M, lane);
+  if (warp_id == 0) write_rows<Codec, kHighTokens, kWarps, kGlu>(partial, parts, n0, M, lane);
 }
 
 // The bulk-copy pipeline (tiled NVFP4). In the kernel above a warp's next loads wait for its arithmetic
@@ -450,15 +462,17 @@ template <int kWarps, int kStages>
 constexpr int bulk_shared_bytes() { return kStages * kWarps * kTileBytes; }
 
 // (At M <= 8, registers capped for 3 blocks of 8 consumer warps per SM, 5 of 4: no spills.)
-template <bool kHighTokens, int kWarps, int kStages>
+// kGlu (gate and up, as in gemv): a slot holds kWarps / 2 K tiles of gate, then as many of up.
+template <bool kHighTokens, int kWarps, int kStages, bool kGlu>
 __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps == 8 ? 3 : 5)) gemv_bulk(const __nv_bfloat16* __restrict__ x,
                                                                const Parts<Nvfp4::Args> parts, int M, int K) {
   constexpr int kCodes = kWarps * 1024, kScales = kWarps * 128;  // a slot's bytes
+  constexpr int kSplit = kGlu ? kWarps / 2 : kWarps;             // K tiles of one weight in a slot
   extern __shared__ __align__(128) uint8_t slots[];              // codes [kStages][kCodes], scales [kStages][kScales]
   __shared__ uint64_t full[kStages], empty[kStages];
   asm volatile("griddepcontrol.launch_dependents;");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int tiles = K / kTileK, chunks = (tiles + kWarps - 1) / kWarps;
+  const int tiles = K / kTileK, chunks = (tiles + kSplit - 1) / kSplit;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&full[s], 1);
@@ -467,32 +481,43 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  const int part = part_of(parts, blockIdx.x);
-  const int block = blockIdx.x - pick(parts.first_block, part);  // within the part
+  const int part = kGlu ? 0 : part_of(parts, blockIdx.x);
+  const int block = blockIdx.x - (kGlu ? 0 : pick(parts.first_block, part));  // within the part
   if (warp == kWarps) {  // the producer: weights only, which no kernel writes, so no griddepcontrol.wait
     if (lane == 0) {
-      const uint8_t* codes = pick(parts.q, part) + (size_t)block * tiles * 1024;
-      const uint8_t* scales = pick(parts.args, part).scale + (size_t)block * tiles * 128;
+      constexpr int kWeights = kGlu ? 2 : 1;
+      const uint8_t* codes[kWeights];
+      const uint8_t* scales[kWeights];
+#pragma unroll
+      for (int p = 0; p < kWeights; ++p) {
+        codes[p] = pick(parts.q, part + p) + (size_t)block * tiles * 1024;
+        scales[p] = pick(parts.args, part + p).scale + (size_t)block * tiles * 128;
+      }
       for (int j = 0; j < chunks; ++j) {
-        const int slot = j % kStages, n = min(kWarps, tiles - j * kWarps);
+        const int slot = j % kStages, n = min(kSplit, tiles - j * kSplit);
         if (j >= kStages) barrier_wait(&empty[slot], (j / kStages - 1) & 1);
-        barrier_expect_bytes(&full[slot], n * kTileBytes);
-        bulk_copy(slots + slot * kCodes, codes + (size_t)j * kCodes, n * 1024, &full[slot]);
-        bulk_copy(slots + kStages * kCodes + slot * kScales, scales + (size_t)j * kScales, n * 128, &full[slot]);
+        barrier_expect_bytes(&full[slot], kWeights * n * kTileBytes);
+#pragma unroll
+        for (int p = 0; p < kWeights; ++p) {
+          const int at = slot * kWarps + p * kSplit;  // the slot's first tile of weight p
+          bulk_copy(slots + at * 1024, codes[p] + (size_t)j * kSplit * 1024, n * 1024, &full[slot]);
+          bulk_copy(slots + kStages * kCodes + at * 128, scales[p] + (size_t)j * kSplit * 128, n * 128, &full[slot]);
+        }
       }
     }
     return;
   }
+  const int kw = kGlu ? warp % kSplit : warp;  // the first K tile of this warp's weight it takes
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
   // x: rows past M read row M - 1 instead of zeros (an MMA's output column depends on its own B column
   // only, and those tokens are not written): no predicates, no zero fills. A tile past the last (a
   // partial last chunk) reads the last tile's x. Loaded a chunk ahead, into the other of two buffers.
   const int g = lane >> 2, c = lane & 3;
-  const uint4* x_low = reinterpret_cast<const uint4*>(x + (size_t)min(g, M - 1) * K + warp * kTileK + 32 * c);
-  const uint4* x_high = reinterpret_cast<const uint4*>(x + (size_t)min(g + 8, M - 1) * K + warp * kTileK + 32 * c);
-  const int last_x = (tiles - 1 - warp) * kTileK / 8;  // in uint4, from x_low / x_high
+  const uint4* x_low = reinterpret_cast<const uint4*>(x + (size_t)min(g, M - 1) * K + kw * kTileK + 32 * c);
+  const uint4* x_high = reinterpret_cast<const uint4*>(x + (size_t)min(g + 8, M - 1) * K + kw * kTileK + 32 * c);
+  const int last_x = (tiles - 1 - kw) * kTileK / 8;  // in uint4, from x_low / x_high
   auto load_tile_x = [&](uint4 (&xl)[4], uint4 (&xh)[4], int j) {
-    const int at = min(j * kWarps * kTileK / 8, last_x);
+    const int at = min(j * kSplit * kTileK / 8, last_x);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       xl[i] = __ldg(x_low + at + i);
@@ -515,7 +540,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
     // land before reads at M > 1).
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     barrier_arrive(&empty[i]);
-    if (j * kWarps + warp < tiles) Nvfp4Tiled::tile<kHighTokens>(d, wg, wh, {both & 0xFFFFu}, {both >> 16}, xl, xh);
+    if (j * kSplit + kw < tiles) Nvfp4Tiled::tile<kHighTokens>(d, wg, wh, {both & 0xFFFFu}, {both >> 16}, xl, xh);
   };
   static_assert(kStages % 2 == 0, "two x buffers alternate over the slots");
   uint4 xl[2][4], xh[2][4];
@@ -529,7 +554,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
   store_partial<kHighTokens>(partial[warp], d, lane);
   asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");  // the consumers (the producer has left)
-  if (warp == 0) write_rows<Nvfp4Tiled, kHighTokens, kWarps>(partial, parts, block * 16, M, lane);
+  if (warp == 0) write_rows<Nvfp4Tiled, kHighTokens, kWarps, kGlu>(partial, parts, block * 16, M, lane);
 }
 
 constexpr int kMaxStagedBytes = 48 * 1024;  // x staged in shared memory without an opt-in attribute
@@ -554,70 +579,77 @@ struct Launch {  // cudaLaunchKernelEx's configuration, with or without programm
   }
 };
 
-template <class Codec, int kWarps, int kDepth, bool kTiled>
-cudaError_t launch(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
-                   int pipeline, cudaStream_t stream) {
+template <class Codec, int kWarps, int kDepth, bool kTiled, bool kGlu>
+cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
+                        int pipeline, cudaStream_t stream) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  if constexpr (kTiled) {
+  if constexpr (kTiled && !kGlu) {
     if (pipeline == kRingStagedX && M <= 8 && M * K * 2 <= kMaxStagedBytes) {
       Launch l(blocks, kWarps * 32, M * K * 2, pdl, stream);
-      return cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, true>, xb, parts, M, K);
+      return cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, true, false>, xb, parts, M, K);
     }
   }
   Launch l(blocks, kWarps * 32, 0, pdl, stream);
-  return M > 8 ? cudaLaunchKernelEx(&l.config, gemv<Codec, true, kWarps, kDepth, kTiled, false>, xb, parts, M, K)
-               : cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, false>, xb, parts, M, K);
+  return M > 8 ? cudaLaunchKernelEx(&l.config, gemv<Codec, true, kWarps, kDepth, kTiled, false, kGlu>, xb, parts, M, K)
+               : cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, false, kGlu>, xb, parts, M, K);
 }
 
-template <bool kHighTokens, int kWarps, int kStages>
+template <int kWarps, int kStages, bool kGlu>
 cudaError_t launch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int M, int K, bool pdl,
                         cudaStream_t stream) {
   constexpr int kShared = bulk_shared_bytes<kWarps, kStages>();
-  auto* kernel = gemv_bulk<kHighTokens, kWarps, kStages>;
+  auto* kernel = M > 8 ? gemv_bulk<true, kWarps, kStages, kGlu> : gemv_bulk<false, kWarps, kStages, kGlu>;
   if constexpr (kShared > kMaxStagedBytes) {  // past the default: opted in once per kernel
-    static const cudaError_t opt_in =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared);
-    if (opt_in != cudaSuccess) return opt_in;
+    static const cudaError_t opt_in[2] = {
+        cudaFuncSetAttribute(gemv_bulk<false, kWarps, kStages, kGlu>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared),
+        cudaFuncSetAttribute(gemv_bulk<true, kWarps, kStages, kGlu>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared)};
+    if (opt_in[M > 8] != cudaSuccess) return opt_in[M > 8];
   }
   Launch l(blocks, (kWarps + 1) * 32, kShared, pdl, stream);
   return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, M, K);
 }
 
-// Ring: (warps, depth) in {4, 8, 16} x {2, 4}; bulk: (consumer warps, stages) in {(4, 8), (8, 4), (8, 8)}.
-// Every part's N % 16 == 0, blocks = their sum / 16.
-template <class Codec, bool kTiled>
-int dispatch(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, int warps, int depth,
-             bool pdl, int pipeline, cudaStream_t stream) {
-  cudaError_t err = cudaErrorInvalidValue;
+// (warps, depth): the ring's in {4, 8, 16} x {2, 4} (with glu: depth 2), the bulk pipeline's (consumer
+// warps, slots) in {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}. Every part's N % 16 == 0; blocks = their
+// sum / 16 (glu: one part's).
+template <class Codec, bool kTiled, bool kGlu>
+cudaError_t dispatch(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, int warps,
+                     int depth, bool pdl, int pipeline, cudaStream_t stream) {
   if (pipeline == kBulk) {
     if constexpr (kTiled) {
-      const bool high = M > 8;
       switch (warps * 10 + depth) {
-        case 44: err = high ? launch_bulk<true, 4, 4>(x, parts, blocks, M, K, pdl, stream)
-                            : launch_bulk<false, 4, 4>(x, parts, blocks, M, K, pdl, stream); break;
-        case 82: err = high ? launch_bulk<true, 8, 2>(x, parts, blocks, M, K, pdl, stream)
-                            : launch_bulk<false, 8, 2>(x, parts, blocks, M, K, pdl, stream); break;
-        case 48: err = high ? launch_bulk<true, 4, 8>(x, parts, blocks, M, K, pdl, stream)
-                            : launch_bulk<false, 4, 8>(x, parts, blocks, M, K, pdl, stream); break;
-        case 84: err = high ? launch_bulk<true, 8, 4>(x, parts, blocks, M, K, pdl, stream)
-                            : launch_bulk<false, 8, 4>(x, parts, blocks, M, K, pdl, stream); break;
-        case 88: err = high ? launch_bulk<true, 8, 8>(x, parts, blocks, M, K, pdl, stream)
-                            : launch_bulk<false, 8, 8>(x, parts, blocks, M, K, pdl, stream); break;
+        case 44: return launch_bulk<4, 4, kGlu>(x, parts, blocks, M, K, pdl, stream);
+        case 48: return launch_bulk<4, 8, kGlu>(x, parts, blocks, M, K, pdl, stream);
+        case 82: return launch_bulk<8, 2, kGlu>(x, parts, blocks, M, K, pdl, stream);
+        case 84: return launch_bulk<8, 4, kGlu>(x, parts, blocks, M, K, pdl, stream);
+        case 88: return launch_bulk<8, 8, kGlu>(x, parts, blocks, M, K, pdl, stream);
         default: break;
       }
     }
-    return static_cast<int>(err);
+    return cudaErrorInvalidValue;
   }
   switch (warps * 10 + depth) {
-    case 42: err = launch<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
-    case 44: err = launch<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
-    case 82: err = launch<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
-    case 84: err = launch<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
-    case 162: err = launch<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
-    case 164: err = launch<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream); break;
+    case 42: return launch_ring<Codec, 4, 2, kTiled, kGlu>(x, parts, blocks, M, K, pdl, pipeline, stream);
+    case 82: return launch_ring<Codec, 8, 2, kTiled, kGlu>(x, parts, blocks, M, K, pdl, pipeline, stream);
+    case 162: return launch_ring<Codec, 16, 2, kTiled, kGlu>(x, parts, blocks, M, K, pdl, pipeline, stream);
     default: break;
   }
-  return static_cast<int>(err);
+  if constexpr (!kGlu) {
+    switch (warps * 10 + depth) {
+      case 44: return launch_ring<Codec, 4, 4, kTiled, false>(x, parts, blocks, M, K, pdl, pipeline, stream);
+      case 84: return launch_ring<Codec, 8, 4, kTiled, false>(x, parts, blocks, M, K, pdl, pipeline, stream);
+      case 164: return launch_ring<Codec, 16, 4, kTiled, false>(x, parts, blocks, M, K, pdl, pipeline, stream);
+      default: break;
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <class Codec, bool kTiled>
+int dispatch_any(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, int warps,
+                 int depth, bool pdl, int pipeline, bool glu, cudaStream_t stream) {
+  return static_cast<int>(glu ? dispatch<Codec, kTiled, true>(x, parts, blocks / 2, M, K, warps, depth, pdl, pipeline, stream)
+                              : dispatch<Codec, kTiled, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream));
 }
 
 // The parts of a grouped launch from the host's arrays (n: each part's rows); -> the launch's blocks.
@@ -640,32 +672,37 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
 
 // The launchers ops.cpp calls: `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the
 // launch's CUDA error code (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a
-// pipeline the layout has not: staged x and bulk copies are the tiled NVFP4 layout's).
+// pipeline the layout has not: staged x and bulk copies are the tiled NVFP4 layout's). glu: two weights of
+// one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N] (tiled NVFP4 and int4).
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
-                           int depth, bool tiled, bool pdl, int pipeline, cudaStream_t stream) {
+                           int depth, bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream) {
   using ninfer_sm90::Nvfp4;
-  if (count < 1 || count > ninfer_sm90::kMaxParts) return static_cast<int>(cudaErrorInvalidValue);
+  if (count < 1 || count > ninfer_sm90::kMaxParts || (glu && (count != 2 || n[0] != n[1])))
+    return static_cast<int>(cudaErrorInvalidValue);
   Nvfp4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p) args[p] = {static_cast<const uint8_t*>(scale[p]), s2[p]};
   ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
   if (tiled)
-    return ninfer_sm90::dispatch<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
-                                                                 stream);
-  if (pipeline != ninfer_sm90::kRing) return static_cast<int>(cudaErrorInvalidValue);
-  return ninfer_sm90::dispatch<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, ninfer_sm90::kRing, stream);
+    return ninfer_sm90::dispatch_any<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
+                                                                     glu, stream);
+  if (pipeline != ninfer_sm90::kRing || glu) return static_cast<int>(cudaErrorInvalidValue);  // (tiled only)
+  return ninfer_sm90::dispatch_any<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, ninfer_sm90::kRing, false,
+                                                 stream);
 }
 
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool pdl, cudaStream_t stream) {
+                          bool pdl, bool glu, cudaStream_t stream) {
   using ninfer_sm90::Int4;
-  if (count < 1 || count > ninfer_sm90::kMaxParts) return static_cast<int>(cudaErrorInvalidValue);
+  if (count < 1 || count > ninfer_sm90::kMaxParts || (glu && (count != 2 || n[0] != n[1])))
+    return static_cast<int>(cudaErrorInvalidValue);
   Int4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p)
     args[p] = {static_cast<const __nv_bfloat16*>(scale[p]), static_cast<const int32_t*>(zero[p])};
   ninfer_sm90::Parts<Int4::Args> parts;
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
-  return ninfer_sm90::dispatch<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, ninfer_sm90::kRing, stream);
+  return ninfer_sm90::dispatch_any<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, ninfer_sm90::kRing, glu,
+                                                stream);
 }
