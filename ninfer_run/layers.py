@@ -143,8 +143,8 @@ def linear_group(x: torch.Tensor, weights: list) -> list[torch.Tensor]:
 
 
 def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
-    """down(SiLU(gate(x)) * up(x)); decode rows on the CUDA GEMVs take gate, up and the activation in one
-    launch (kernels/linear.py, glu), else silu_mul of the two."""
+    """down(SiLU(gate(x)) * up(x)); where the NVFP4 bulk GEMV takes the rows, gate, up and the activation
+    are one launch (kernels/linear.py, glu), else silu_mul of the two."""
     group = None if isinstance(gate, torch.Tensor) else getattr(gate, "group", None)
     fused = group(x, [gate, up], glu=True) if group is not None else None
     return linear(fused[0] if fused is not None else silu_mul(*linear_group(x, [gate, up])), down)

@@ -418,7 +418,8 @@ def main() -> None:
         model, weights, read_bytes, entry, config = build_model(model_id, profile, device, dtype)
         p = results["profiles"][profile] = {
             "build_s": time.perf_counter() - t0, "weights_GiB": weights / 2**30, "read_GiB": read_bytes / 2**30,
-            "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / read_bytes, "prefill": [], "decode": []}
+            "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / read_bytes, "gemv_pipeline": cuda_ops.PIPELINE,
+            "prefill": [], "decode": []}
         p["kv_capacity"] = kv_capacity(model, entry, config, weights, device)
         save()
         flops = model_flops_per_token(model)

@@ -351,7 +351,8 @@ def mlp_chain(device: str) -> list[dict]:
     weights in one CUDA graph, as the engine's decode graphs replay it (M = 1), launched each way: the
     three GEMVs apart, gate and up as one launch (grouped), and grouped as programmatic dependent launches
     (pdl), without the norm and SiLU-mul kernels between (GEMVs alone), with x staged in shared memory
-    (the ring-staged-x experiment), and the bulk pipeline in each of its shapes; beside it a flat read of the
+    (the ring-staged-x experiment), and the bulk pipeline in each of its shapes and with gate, up and
+    SiLU-mul as one launch (glu); beside it a flat read of the
     same weight bytes, one launch per weight (tools/csrc/gemv_read_floor.cu), in the same graph form:
     what a chain of memory-bound launches can reach."""
     from ninfer_run.kernels import norms
@@ -372,9 +373,13 @@ def mlp_chain(device: str) -> list[dict]:
     sink = torch.empty(8 * sms * 16 * 32, dtype=torch.int32, device=device)
     act = torch.randn(1, inter, device=device, dtype=torch.bfloat16)  # the down projection's x, GEMVs alone
 
-    def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool = True, pipeline: str = "ring"):
+    def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool = True, pipeline: str = "ring",
+              glu: bool = False):
         gemv = functools.partial(cuda_ops.nvfp4_gemv_group, shape=shape, tiled=True, pdl=pdl, pipeline=pipeline)
         h = norms.rms_norm(x, norm_w, 1e-6, 1.0) if small_ops else x
+        if glu:  # gate, up and SiLU-mul in one launch
+            gemv(gemv(h, [(*w["gate"], s2), (*w["up"], s2)], glu=True)[0], [(*w["down"], s2)])
+            return
         if grouped:
             g, u = gemv(h, [(*w["gate"], s2), (*w["up"], s2)])
         else:
@@ -391,7 +396,8 @@ def mlp_chain(device: str) -> list[dict]:
                 "GEMVs alone": lambda w: block(w, True, True, small_ops=False), "flat read": reads,
                 "grouped+pdl staged x": lambda w: block(w, True, True, pipeline="ring-staged-x"),
                 "bulk grouped": lambda w: block(w, True, False, pipeline="bulk"),
-                "bulk GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="bulk")}
+                "bulk GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="bulk"),
+                "bulk glu+pdl": lambda w: block(w, True, True, pipeline="bulk", glu=True)}
     for shape in sorted(cuda_ops.BULK_SHAPES):  # bulk_shape's (8, 4) here
         variants[f"bulk grouped+pdl {shape[0]}x{shape[1]}"] = lambda w, s=shape: block(w, True, True, s, pipeline="bulk")
     rows = []

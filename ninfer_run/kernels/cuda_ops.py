@@ -136,12 +136,20 @@ def tile_nvfp4(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.
 PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependent launches (csrc)
 # How the NVFP4 GEMV streams the tiled layout's weights (csrc Pipeline): "ring" (each warp keeps its next
 # tiles in registers), "ring-staged-x" (the ring, x copied to shared memory first: an experiment), "bulk"
-# (a producer warp streams each block's rows through shared memory with bulk asynchronous copies).
-# The row-major layout has the ring only.
+# (a producer warp streams each block's rows through shared memory with bulk asynchronous copies), or
+# "auto": bulk for one row (decode at C = 1: the MLP chain and the engine ran faster), the ring for more
+# (C = 4 ran faster on the ring; tools/results/gpu_notes.md, stop 17). The row-major layout has the ring only.
 PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2}
-PIPELINE = os.environ.get("NINFER_GEMV_PIPELINE", "ring")
-if PIPELINE not in PIPELINES:
-    raise ValueError(f"NINFER_GEMV_PIPELINE={PIPELINE!r}: one of {sorted(PIPELINES)}")
+PIPELINE = os.environ.get("NINFER_GEMV_PIPELINE", "auto")
+if PIPELINE not in (*PIPELINES, "auto"):
+    raise ValueError(f"NINFER_GEMV_PIPELINE={PIPELINE!r}: one of {sorted(PIPELINES) + ['auto']}")
+
+
+def pipeline_for(rows: int, pipeline: str | None = None) -> str:
+    """The pipeline a tiled NVFP4 GEMV of this many rows runs: `pipeline`, else PIPELINE as it is now
+    (tools/bench.py --ab-pipeline changes it), "auto" resolved by the rows."""
+    pipeline = PIPELINE if pipeline is None else pipeline
+    return ("bulk" if rows == 1 else "ring") if pipeline == "auto" else pipeline
 
 
 def bulk_shape(k: int) -> tuple[int, int]:
@@ -166,9 +174,9 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
     launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `pipeline`: one of PIPELINES
     (tiled only), None: PIPELINE as it is at the call (tools/bench.py --ab-pipeline flips it for a second
     set of decode figures). `shape`: the pipeline's, as for their total N (gemv_shape, bulk_shape).
-    `glu` (tiled): the weights are gate and up of one N -> [SiLU(x @ gate^T) * (x @ up^T)], from the
-    float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own)."""
-    pipeline = (PIPELINE if pipeline is None else pipeline) if tiled else "ring"
+    `glu` (tiled, the bulk pipeline): the weights are gate and up of one N -> [SiLU(x @ gate^T) *
+    (x @ up^T)], from the float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own)."""
+    pipeline = pipeline_for(x.shape[0], pipeline) if tiled else "ring"
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows[:1] if glu else rows)
     if shape is None:
@@ -186,14 +194,13 @@ def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int
 
 
 def int4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
-                    pdl: bool = PDL, glu: bool = False) -> list[torch.Tensor]:
-    """int4_gemv of 1 to 3 weights (qweight, scale, zero_point) that read the same x, as one launch;
-    `glu` as for nvfp4_gemv_group."""
+                    pdl: bool = PDL) -> list[torch.Tensor]:
+    """int4_gemv of 1 to 3 weights (qweight, scale, zero_point) that read the same x, as one launch."""
     rows = [q.shape[0] for q, _, _ in weights]
-    ys = _outputs(x, rows[:1] if glu else rows)
+    ys = _outputs(x, rows)
     warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)
     torch.ops.ninfer.int4_gemv(x.contiguous(), [q for q, _, _ in weights], [s for _, s, _ in weights],
-                               [z for _, _, z in weights], ys, warps, depth, pdl, glu)
+                               [z for _, _, z in weights], ys, warps, depth, pdl)
     return ys
 
 

@@ -59,7 +59,8 @@ class QuantizedLinear:
         """x @ W^T for 1 to 3 weights as one CUDA GEMV launch (they read the same x: gate and up, q/k/v):
         one launch instead of three; None where they cannot share one (more rows than a GEMV takes, a
         plain tensor among them, a weight the CUDA kernels do not read). `glu`: weights are gate and up
-        of one shape -> [SiLU(x @ gate^T) * (x @ up^T)] from the kernel's float32 sums."""
+        of one shape -> [SiLU(x @ gate^T) * (x @ up^T)] from the kernel's float32 sums, where the NVFP4
+        bulk pipeline runs these rows (cuda_ops.pipeline_for), else None."""
         lead, k = x.shape[:-1], x.shape[-1]
         if not x.is_cuda or x.numel() // k > GEMV_MAX_ROWS or len(weights) > MAX_GROUP:
             return None
@@ -69,13 +70,15 @@ class QuantizedLinear:
         kernels = {w._cuda_gemv(x2) if isinstance(w, QuantizedLinear) else None for w in weights}
         if len(kernels) != 1 or None in kernels:
             return None
+        if glu and (kernels != {"nvfp4"} or cuda_ops.pipeline_for(x2.shape[0]) != "bulk"):
+            return None
         x2 = x2.to(torch.bfloat16)  # (the tiled NVFP4 kernel takes any rows as bf16; results are cast back)
         if kernels == {"nvfp4"}:
             ys = cuda_ops.nvfp4_gemv_group(x2, [(w.parts["qweight"], w.parts["block_scale"], w.parts["global_scale"])
                                                 for w in weights], tiled=True, glu=glu)
         else:
             ys = cuda_ops.int4_gemv_group(x2, [(w.parts["qweight"], w.parts["scale"], w.parts.get("zero_point"))
-                                               for w in weights], glu=glu)
+                                               for w in weights])
         return [y.to(x.dtype).reshape(*lead, w.shape[0]) for y, w in zip(ys, weights)]
 
     def _cuda_gemv(self, x: torch.Tensor) -> str | None:

@@ -76,21 +76,3 @@ def test_cuda_int4_gemv_group_gives_each_weight_its_own_product(m):
     for out, p in zip(outs, parts):
         assert rounded_once(out, k.reference(x, p["qweight"], p["scale"], p.get("zero_point"), 4, 128))
 
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
-@pytest.mark.parametrize("m,n,kk", [(1, 17408, 5120), (12, 1024, 5120), (3, 32, 256)])
-def test_cuda_int4_glu_is_silu_of_gate_times_up(m, n, kk):
-    """gate and up (one with zero points, one without) in one launch -> SiLU(gate) * up from the float32
-    sums, rounded once; each ring shape the GLU launch has (depth 2)."""
-    from ninfer_run.kernels import cuda_ops
-
-    if not cuda_ops.available():
-        pytest.skip("no sm_90 GPU or the extension did not build")
-    gate, up = _weight(n, kk, 4, 128, False, n + 1), _weight(n, kk, 4, 128, True, n + 2)
-    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(m)).to(DEVICE, DTYPE)
-    refs = [k.reference(x, p["qweight"], p["scale"], p.get("zero_point"), 4, 128) for p in (gate, up)]
-    want = torch.nn.functional.silu(refs[0]) * refs[1]
-    weights = [(p["qweight"], p["scale"], p.get("zero_point")) for p in (gate, up)]
-    for shape in sorted(s for s in cuda_ops.GEMV_SHAPES if s[1] == 2):
-        (out,) = cuda_ops.int4_gemv_group(x, weights, shape, glu=True)
-        assert out.shape == (m, n) and rounded_once(out, want), shape

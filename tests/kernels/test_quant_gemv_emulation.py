@@ -159,7 +159,7 @@ def test_tiled_nvfp4_views_scales_and_k_order_are_exact():
                  "a[3] = bf16x2_mul(h ? fp4_view<3>(vh) : fp4_view<1>(vh), sh[t >> 1]);",
                  "kNaturalX ? x_natural(b0, b1, xl[t], h) : x_pair(b0, b1, xl[t], h);",
                  "b0 = h ? v.z : v.x;", "b1 = h ? v.w : v.y;", "tile_mmas<kHighTokens, true>(d, xl, xh,",
-                 "dispatch_any<ninfer_sm90::Nvfp4Tiled, true>"):
+                 "dispatch_ring<ninfer_sm90::Nvfp4Tiled, true>", "Nvfp4Tiled::tile<kHighTokens>(d, wg, wh"):
         assert text in SOURCE, text
     g = torch.Generator().manual_seed(5)
     q, s8, s2 = quantize_nvfp4(torch.randn(N, K, generator=g) * 0.05)

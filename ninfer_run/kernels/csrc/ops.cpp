@@ -13,7 +13,7 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
                            int depth, bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream);
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool pdl, bool glu, cudaStream_t stream);
+                          bool pdl, cudaStream_t stream);
 
 namespace {
 
@@ -78,11 +78,11 @@ void nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at:
 }
 
 void int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, const c10::List<std::optional<at::Tensor>>& zero,
-               at::TensorList y, int64_t warps, int64_t depth, bool pdl, bool glu) {
+               at::TensorList y, int64_t warps, int64_t depth, bool pdl) {
   TORCH_CHECK(scale.size() == q.size() && zero.size() == q.size(), "int4_gemv: as many scales and zeros as weights");
   std::vector<int> n;
   for (const at::Tensor& t : q) n.push_back(static_cast<int>(t.size(0)));
-  const auto [M, K, yp] = check_rows("int4_gemv", x, y, n, glu);
+  const auto [M, K, yp] = check_rows("int4_gemv", x, y, n, false);
   std::vector<const void*> qp, sp, zp;
   for (size_t p = 0; p < q.size(); ++p) {
     TORCH_CHECK(q[p].scalar_type() == at::kInt && q[p].is_contiguous() && q[p].size(1) * 8 == K, "q: i32 [N, K/8]");
@@ -101,15 +101,15 @@ void int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, cons
   const c10::cuda::CUDAGuard guard(x.device());
   check_launch("int4_gemv",
                ninfer_int4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), zp.data(),
-                                     n.data(), yp.data(), M, K, warps, depth, pdl, glu,
+                                     n.data(), yp.data(), M, K, warps, depth, pdl,
                                      c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
 }  // namespace
 
-// One launch for 1 to 3 weights that read the same x, each into its own y [M, N]; glu: gate and up into
-// one y = SiLU(x @ gate^T) * (x @ up^T).
+// One launch for 1 to 3 weights that read the same x, each into its own y [M, N]; glu (NVFP4, tiled, the
+// bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
 // its weights (quant_gemv_sm90.cu's Pipeline: 0 register ring, 1 ring with x staged in shared memory,
 // 2 bulk copies through shared memory; 1 and 2 for the tiled layout only).
@@ -117,7 +117,7 @@ TORCH_LIBRARY(ninfer, m) {
   m.def("nvfp4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
         "bool tiled, bool pdl, int pipeline, bool glu) -> ()");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
-        "bool pdl, bool glu) -> ()");
+        "bool pdl) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ninfer, CUDA, m) {

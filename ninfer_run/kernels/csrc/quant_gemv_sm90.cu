@@ -345,26 +345,22 @@ __device__ __forceinline__ void write_rows(const float (&partial)[kWarps][kHighT
     }
 }
 
-// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kGlu (two parts, gate and up, of
-// one N): N / 16 blocks, the first half of a block's warps split gate's K tiles, the others up's, and the
-// block writes SiLU(gate) * up (write_rows). kStagedX (an experiment,
+// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (an experiment,
 // bench_kernels --chain): the block first copies x [M, K] into shared memory with all its threads, so
 // each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
-template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, bool kGlu>
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
 __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x,
                                                       const Parts<typename Codec::Args> parts, int M, int K) {
   extern __shared__ uint4 x_staged[];  // kStagedX: M * K bf16
   using RowAux = typename Codec::RowAux;
-  constexpr int kSplit = kGlu ? kWarps / 2 : kWarps;  // the warps that split one weight's K tiles
   asm volatile("griddepcontrol.launch_dependents;");
-  const int warp_id = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int part = kGlu ? warp_id / kSplit : part_of(parts, blockIdx.x);
-  const int warp = kGlu ? warp_id % kSplit : warp_id;  // among its weight's warps
+  const int part = part_of(parts, blockIdx.x);
   const uint8_t* q = pick(parts.q, part);
   const typename Codec::Args args = pick(parts.args, part);
-  const int block = blockIdx.x - (kGlu ? 0 : pick(parts.first_block, part));  // within the part
+  const int block = blockIdx.x - pick(parts.first_block, part);  // within the part
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int n0 = block * 16, tiles = K / kTileK;
-  const int steps = warp < tiles ? (tiles - warp + kSplit - 1) / kSplit : 0;  // this warp's K tiles
+  const int steps = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;  // this warp's K tiles
   // row-major: + 64 bytes per K tile; tiled (see tile): each (16 rows, 128 K) tile is 1 KB, lane order
   const uint8_t* wg_lane = kTiled ? q + (size_t)block * tiles * 1024 + 16 * lane
                                   : q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile
@@ -377,7 +373,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
 #pragma unroll
   for (int i = 0; i < kDepth; ++i) {
     if (i < steps) {
-      const int kt = warp + i * kSplit;
+      const int kt = warp + i * kWarps;
       wg[i] = load_stream(wg_lane + (size_t)kt * kStride);
       wh[i] = load_stream(wh_lane + (size_t)kt * kStride);
       load_rows<Codec, kTiled>(ag[i], ah[i], args, n0, K, kt, g, c);
@@ -396,10 +392,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
 #pragma unroll
     for (int i = 0; i < kRing; ++i) {
       if (s + i < steps) {
-        const int kt = warp + (s + i) * kSplit;
+        const int kt = warp + (s + i) * kWarps;
         if (s + i + kDepth < steps) {  // the tile kDepth steps ahead, into the slot the last step freed
           const int slot = (i + kDepth) % kRing;  // (a constant: the loop is unrolled)
-          const int next = kt + kDepth * kSplit;
+          const int next = kt + kDepth * kWarps;
           wg[slot] = load_stream(wg_lane + (size_t)next * kStride);
           wh[slot] = load_stream(wh_lane + (size_t)next * kStride);
           load_rows<Codec, kTiled>(ag[slot], ah[slot], args, n0, K, next, g, c);
@@ -413,9 +409,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
     }
   }
   __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
-  store_partial<kHighTokens>(partial[warp_id], d, lane);
+  store_partial<kHighTokens>(partial[warp], d, lane);
   __syncthreads();
-  if (warp_id == 0) write_rows<Codec, kHighTokens, kWarps, kGlu>(partial, parts, n0, M, lane);
+  if (warp == 0) write_rows<Codec, kHighTokens, kWarps, false>(partial, parts, n0, M, lane);
 }
 
 // The bulk-copy pipeline (tiled NVFP4). In the kernel above a warp's next loads wait for its arithmetic
@@ -462,7 +458,11 @@ template <int kWarps, int kStages>
 constexpr int bulk_shared_bytes() { return kStages * kWarps * kTileBytes; }
 
 // (At M <= 8, registers capped for 3 blocks of 8 consumer warps per SM, 5 of 4: no spills.)
-// kGlu (gate and up, as in gemv): a slot holds kWarps / 2 K tiles of gate, then as many of up.
+// kGlu (two parts of one N, gate and up): N / 16 blocks; a slot holds kWarps / 2 K tiles of gate, then as
+// many of up, so the block's first half of warps sum gate's rows, the others up's, and the block writes
+// SiLU(gate) * up (write_rows): the SwiGLU MLP's activation needs no kernel of its own. (In the register
+// ring the same split measured slower: its warps' weight pointers leave the uniform registers, 70
+// registers, 3 blocks per SM instead of 4.)
 template <bool kHighTokens, int kWarps, int kStages, bool kGlu>
 __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps == 8 ? 3 : 5)) gemv_bulk(const __nv_bfloat16* __restrict__ x,
                                                                const Parts<Nvfp4::Args> parts, int M, int K) {
@@ -579,19 +579,19 @@ struct Launch {  // cudaLaunchKernelEx's configuration, with or without programm
   }
 };
 
-template <class Codec, int kWarps, int kDepth, bool kTiled, bool kGlu>
+template <class Codec, int kWarps, int kDepth, bool kTiled>
 cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
                         int pipeline, cudaStream_t stream) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  if constexpr (kTiled && !kGlu) {
+  if constexpr (kTiled) {
     if (pipeline == kRingStagedX && M <= 8 && M * K * 2 <= kMaxStagedBytes) {
       Launch l(blocks, kWarps * 32, M * K * 2, pdl, stream);
-      return cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, true, false>, xb, parts, M, K);
+      return cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, true>, xb, parts, M, K);
     }
   }
   Launch l(blocks, kWarps * 32, 0, pdl, stream);
-  return M > 8 ? cudaLaunchKernelEx(&l.config, gemv<Codec, true, kWarps, kDepth, kTiled, false, kGlu>, xb, parts, M, K)
-               : cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, false, kGlu>, xb, parts, M, K);
+  return M > 8 ? cudaLaunchKernelEx(&l.config, gemv<Codec, true, kWarps, kDepth, kTiled, false>, xb, parts, M, K)
+               : cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, false>, xb, parts, M, K);
 }
 
 template <int kWarps, int kStages, bool kGlu>
@@ -609,47 +609,34 @@ cudaError_t launch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int bloc
   return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, M, K);
 }
 
-// (warps, depth): the ring's in {4, 8, 16} x {2, 4} (with glu: depth 2), the bulk pipeline's (consumer
-// warps, slots) in {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}. Every part's N % 16 == 0; blocks = their
-// sum / 16 (glu: one part's).
-template <class Codec, bool kTiled, bool kGlu>
-cudaError_t dispatch(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, int warps,
-                     int depth, bool pdl, int pipeline, cudaStream_t stream) {
-  if (pipeline == kBulk) {
-    if constexpr (kTiled) {
-      switch (warps * 10 + depth) {
-        case 44: return launch_bulk<4, 4, kGlu>(x, parts, blocks, M, K, pdl, stream);
-        case 48: return launch_bulk<4, 8, kGlu>(x, parts, blocks, M, K, pdl, stream);
-        case 82: return launch_bulk<8, 2, kGlu>(x, parts, blocks, M, K, pdl, stream);
-        case 84: return launch_bulk<8, 4, kGlu>(x, parts, blocks, M, K, pdl, stream);
-        case 88: return launch_bulk<8, 8, kGlu>(x, parts, blocks, M, K, pdl, stream);
-        default: break;
-      }
-    }
-    return cudaErrorInvalidValue;
-  }
+// The bulk pipeline's (consumer warps, slots) in {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}; blocks: the
+// parts' N / 16 (glu: one part's).
+template <bool kGlu>
+cudaError_t dispatch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int M, int K, int warps,
+                          int depth, bool pdl, cudaStream_t stream) {
   switch (warps * 10 + depth) {
-    case 42: return launch_ring<Codec, 4, 2, kTiled, kGlu>(x, parts, blocks, M, K, pdl, pipeline, stream);
-    case 82: return launch_ring<Codec, 8, 2, kTiled, kGlu>(x, parts, blocks, M, K, pdl, pipeline, stream);
-    case 162: return launch_ring<Codec, 16, 2, kTiled, kGlu>(x, parts, blocks, M, K, pdl, pipeline, stream);
-    default: break;
+    case 44: return launch_bulk<4, 4, kGlu>(x, parts, blocks, M, K, pdl, stream);
+    case 48: return launch_bulk<4, 8, kGlu>(x, parts, blocks, M, K, pdl, stream);
+    case 82: return launch_bulk<8, 2, kGlu>(x, parts, blocks, M, K, pdl, stream);
+    case 84: return launch_bulk<8, 4, kGlu>(x, parts, blocks, M, K, pdl, stream);
+    case 88: return launch_bulk<8, 8, kGlu>(x, parts, blocks, M, K, pdl, stream);
+    default: return cudaErrorInvalidValue;
   }
-  if constexpr (!kGlu) {
-    switch (warps * 10 + depth) {
-      case 44: return launch_ring<Codec, 4, 4, kTiled, false>(x, parts, blocks, M, K, pdl, pipeline, stream);
-      case 84: return launch_ring<Codec, 8, 4, kTiled, false>(x, parts, blocks, M, K, pdl, pipeline, stream);
-      case 164: return launch_ring<Codec, 16, 4, kTiled, false>(x, parts, blocks, M, K, pdl, pipeline, stream);
-      default: break;
-    }
-  }
-  return cudaErrorInvalidValue;
 }
 
+// The ring's (warps, depth) in {4, 8, 16} x {2, 4}; every part's N % 16 == 0, blocks = their sum / 16.
 template <class Codec, bool kTiled>
-int dispatch_any(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, int warps,
-                 int depth, bool pdl, int pipeline, bool glu, cudaStream_t stream) {
-  return static_cast<int>(glu ? dispatch<Codec, kTiled, true>(x, parts, blocks / 2, M, K, warps, depth, pdl, pipeline, stream)
-                              : dispatch<Codec, kTiled, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream));
+cudaError_t dispatch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K,
+                          int warps, int depth, bool pdl, int pipeline, cudaStream_t stream) {
+  switch (warps * 10 + depth) {
+    case 42: return launch_ring<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
+    case 44: return launch_ring<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
+    case 82: return launch_ring<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
+    case 84: return launch_ring<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
+    case 162: return launch_ring<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
+    case 164: return launch_ring<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 // The parts of a grouped launch from the host's arrays (n: each part's rows); -> the launch's blocks.
@@ -672,37 +659,43 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
 
 // The launchers ops.cpp calls: `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the
 // launch's CUDA error code (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a
-// pipeline the layout has not: staged x and bulk copies are the tiled NVFP4 layout's). glu: two weights of
-// one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N] (tiled NVFP4 and int4).
+// pipeline the layout has not: staged x and bulk copies are the tiled NVFP4 layout's). glu (the bulk
+// pipeline): two weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N].
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
                            int depth, bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream) {
   using ninfer_sm90::Nvfp4;
-  if (count < 1 || count > ninfer_sm90::kMaxParts || (glu && (count != 2 || n[0] != n[1])))
+  if (count < 1 || count > ninfer_sm90::kMaxParts ||
+      (glu && (count != 2 || n[0] != n[1] || !tiled || pipeline != ninfer_sm90::kBulk)))
     return static_cast<int>(cudaErrorInvalidValue);
   Nvfp4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p) args[p] = {static_cast<const uint8_t*>(scale[p]), s2[p]};
   ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
-  if (tiled)
-    return ninfer_sm90::dispatch_any<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
-                                                                     glu, stream);
-  if (pipeline != ninfer_sm90::kRing || glu) return static_cast<int>(cudaErrorInvalidValue);  // (tiled only)
-  return ninfer_sm90::dispatch_any<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, ninfer_sm90::kRing, false,
-                                                 stream);
+  cudaError_t err;
+  if (pipeline == ninfer_sm90::kBulk)
+    err = !tiled ? cudaErrorInvalidValue
+          : glu ? ninfer_sm90::dispatch_bulk<true>(x, parts, blocks / 2, M, K, warps, depth, pdl, stream)
+                : ninfer_sm90::dispatch_bulk<false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
+  else if (tiled)
+    err = ninfer_sm90::dispatch_ring<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
+                                                                     stream);
+  else
+    err = pipeline != ninfer_sm90::kRing ? cudaErrorInvalidValue
+          : ninfer_sm90::dispatch_ring<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream);
+  return static_cast<int>(err);
 }
 
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool pdl, bool glu, cudaStream_t stream) {
+                          bool pdl, cudaStream_t stream) {
   using ninfer_sm90::Int4;
-  if (count < 1 || count > ninfer_sm90::kMaxParts || (glu && (count != 2 || n[0] != n[1])))
-    return static_cast<int>(cudaErrorInvalidValue);
+  if (count < 1 || count > ninfer_sm90::kMaxParts) return static_cast<int>(cudaErrorInvalidValue);
   Int4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p)
     args[p] = {static_cast<const __nv_bfloat16*>(scale[p]), static_cast<const int32_t*>(zero[p])};
   ninfer_sm90::Parts<Int4::Args> parts;
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
-  return ninfer_sm90::dispatch_any<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, ninfer_sm90::kRing, glu,
-                                                stream);
+  return static_cast<int>(
+      ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, ninfer_sm90::kRing, stream));
 }
