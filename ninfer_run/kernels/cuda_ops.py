@@ -177,6 +177,8 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
     `glu` (tiled, the bulk pipeline): the weights are gate and up of one N -> [SiLU(x @ gate^T) *
     (x @ up^T)], from the float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own)."""
     pipeline = pipeline_for(x.shape[0], pipeline) if tiled else "ring"
+    if glu and (pipeline != "bulk" or len(weights) != 2):
+        raise ValueError(f"glu: gate and up in the bulk pipeline (tiled), not {len(weights)} weights in {pipeline!r}")
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows[:1] if glu else rows)
     if shape is None:

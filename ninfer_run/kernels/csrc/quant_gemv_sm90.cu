@@ -639,15 +639,17 @@ cudaError_t dispatch_ring(const void* x, const Parts<typename Codec::Args>& part
   }
 }
 
-// The parts of a grouped launch from the host's arrays (n: each part's rows); -> the launch's blocks.
+// The parts of a grouped launch from the host's arrays (n: each part's rows; y: `outputs` of them, 1 for
+// glu); -> the launch's blocks.
 template <class Args>
-int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* args, void* const* y, const int* n) {
+int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* args, void* const* y, int outputs,
+               const int* n) {
   int blocks = 0;
   for (int p = 0; p < kMaxParts; ++p) {
     const bool used = p < count;
     parts.q[p] = used ? static_cast<const uint8_t*>(q[p]) : nullptr;
     parts.args[p] = used ? args[p] : Args{};
-    parts.y[p] = used ? static_cast<__nv_bfloat16*>(y[p]) : nullptr;
+    parts.y[p] = p < outputs ? static_cast<__nv_bfloat16*>(y[p]) : nullptr;
     parts.rows[p] = used ? n[p] : 0;
     parts.first_block[p] = used ? blocks : INT_MAX;
     blocks += used ? n[p] / 16 : 0;
@@ -671,7 +673,7 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
   Nvfp4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p) args[p] = {static_cast<const uint8_t*>(scale[p]), s2[p]};
   ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
-  const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
+  const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, glu ? 1 : count, n);
   cudaError_t err;
   if (pipeline == ninfer_sm90::kBulk)
     err = !tiled ? cudaErrorInvalidValue
@@ -695,7 +697,7 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
   for (int p = 0; p < count; ++p)
     args[p] = {static_cast<const __nv_bfloat16*>(scale[p]), static_cast<const int32_t*>(zero[p])};
   ninfer_sm90::Parts<Int4::Args> parts;
-  const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, n);
+  const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, count, n);
   return static_cast<int>(
       ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, ninfer_sm90::kRing, stream));
 }
