@@ -134,9 +134,9 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                 bf = _copies(lambda: torch.randn(k, n, device=device, dtype=torch.bfloat16), 2 * n * k)
                 if cuda:  # the engine's: NVFP4 in the tiled layout (loader), each pipeline and shape, the default
                     tiled = [(*cuda_ops.tile_nvfp4(q, s), s2) for q, s, s2 in nv]
-                    row["default_shape"] = cuda_ops.PIPELINE + " " + "x".join(map(str, cuda_ops.gemv_shape(n, k, x.device)
-                                                                                  if cuda_ops.PIPELINE != "bulk"
-                                                                                  else cuda_ops.bulk_shape(k)))
+                    pipeline = cuda_ops.pipeline_for(m)
+                    shape = cuda_ops.bulk_shape(k) if pipeline == "bulk" else cuda_ops.gemv_shape(n, k, x.device)
+                    row["default_shape"] = f"{pipeline} {shape[0]}x{shape[1]}"
                     row["nvfp4_shapes_us"] = {
                         f"{pipe} {w}x{d}": 1000 * _bench(_rotating(
                             lambda q, s=(w, d), p=pipe: cuda_ops.nvfp4_gemv(x, *q, shape=s, tiled_n=n, pipeline=p), tiled))
