@@ -120,3 +120,23 @@ def gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.
     from .gdn_gates import gdn_gates
 
     return gdn_gates(a, b, a_log, dt_bias)
+
+
+MAX_PROJECTED_ROWS = 16  # decode rows (C <= 8, MTP verification) take the fused kernel; more, cuBLAS
+
+
+def projected_gates_reference(x: torch.Tensor, w_ab: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """The gates of a, b = x @ [W_a; W_b]^T (the stacked bf16 in_proj_a/b [2 Hv, K])."""
+    a, b = F.linear(x, w_ab).split(w_ab.shape[0] // 2, dim=-1)
+    return gates(a, b, a_log, dt_bias)
+
+
+def projected_gates(x: torch.Tensor, w_ab: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """`projected_gates_reference`'s contract; decode rows on CUDA in bf16/fp16: projection and gates as one
+    Triton kernel (kernels/gdn_gates.py)."""
+    if (not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) or w_ab.dtype != x.dtype
+            or x.shape[0] > MAX_PROJECTED_ROWS):
+        return projected_gates_reference(x, w_ab, a_log, dt_bias)
+    from .gdn_gates import projected_gates as fused
+
+    return fused(x, w_ab, a_log, dt_bias)

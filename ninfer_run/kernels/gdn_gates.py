@@ -1,7 +1,12 @@
 """Gated DeltaNet's per-token gates as one Triton kernel (GPU): log-decay g = -exp(A_log) *
 softplus(a + dt_bias) and beta = sigmoid(b), both float32 [T, Hv]. The torch form
 (gated_delta.gates_reference, what the model runs elsewhere) is ~9 small kernels per layer, 48
-layers a decode step."""
+layers a decode step.
+
+projected_gates also computes a and b = x @ [W_a; W_b]^T (the layer's bf16 in_proj_a/b) for decode rows:
+one program per head holds its two weight rows (2 x K values) and takes the rows of x one by one, so a
+layer's projection and gates are one launch of Hv programs instead of cuBLAS's split-K GEMV, its reduce
+and the gates kernel (7.5 us a layer on the H200, stop 16)."""
 
 from __future__ import annotations
 
@@ -9,21 +14,50 @@ import torch
 import triton
 import triton.language as tl
 
+from .gated_delta import MAX_PROJECTED_ROWS
+
+
+@triton.jit
+def _gate_values(a, b, alog, dt):
+    """a, b in the projection's dtype -> (g, beta) float32, as gates_reference computes them."""
+    x = a.to(tl.float32) + dt
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))  # torch's threshold 20
+    g = -tl.exp(alog) * softplus
+    # sigmoid rounded to b's dtype, as torch's b.sigmoid() before .float()
+    beta = tl.sigmoid(b.to(tl.float32)).to(b.dtype, fp_downcast_rounding="rtne").to(tl.float32)
+    return g, beta
+
 
 @triton.jit
 def _gates_kernel(a_ptr, b_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, H, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     h = tl.arange(0, BLOCK)
     ok = h < H
-    a = tl.load(a_ptr + row * H + h, mask=ok, other=0.0).to(tl.float32)
-    x = a + tl.load(dt_ptr + h, mask=ok, other=0.0).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))  # torch's threshold 20
-    g = -tl.exp(tl.load(alog_ptr + h, mask=ok, other=0.0).to(tl.float32)) * softplus
+    a = tl.load(a_ptr + row * H + h, mask=ok, other=0.0)
     b = tl.load(b_ptr + row * H + h, mask=ok, other=0.0)
-    # sigmoid rounded to b's dtype, as torch's b.sigmoid() before .float()
-    beta = tl.sigmoid(b.to(tl.float32)).to(b.dtype, fp_downcast_rounding="rtne").to(tl.float32)
+    alog = tl.load(alog_ptr + h, mask=ok, other=0.0).to(tl.float32)
+    g, beta = _gate_values(a, b, alog, tl.load(dt_ptr + h, mask=ok, other=0.0).to(tl.float32))
     tl.store(g_ptr + row * H + h, g, mask=ok)
     tl.store(beta_ptr + row * H + h, beta, mask=ok)
+
+
+@triton.jit
+def _projected_gates_kernel(x_ptr, w_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, T, K, H, BLOCK_K: tl.constexpr):
+    h = tl.program_id(0)  # one head: row h of W_a and row H + h of W_b
+    k = tl.arange(0, BLOCK_K)
+    ok = k < K
+    wa = tl.load(w_ptr + h * K + k, mask=ok, other=0.0).to(tl.float32)
+    wb = tl.load(w_ptr + (H + h) * K + k, mask=ok, other=0.0).to(tl.float32)
+    alog = tl.load(alog_ptr + h).to(tl.float32)
+    dt = tl.load(dt_ptr + h).to(tl.float32)
+    for t in range(T):
+        x = tl.load(x_ptr + t * K + k, mask=ok, other=0.0)
+        # the projection's output in x's dtype, as F.linear returns it, then the gates of gates_reference
+        a = tl.sum(x.to(tl.float32) * wa, axis=0).to(x.dtype, fp_downcast_rounding="rtne")
+        b = tl.sum(x.to(tl.float32) * wb, axis=0).to(x.dtype, fp_downcast_rounding="rtne")
+        g, beta = _gate_values(a, b, alog, dt)
+        tl.store(g_ptr + t * H + h, g)
+        tl.store(beta_ptr + t * H + h, beta)
 
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
@@ -33,4 +67,18 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: to
     g = torch.empty(t, h, dtype=torch.float32, device=a.device)
     beta = torch.empty_like(g)
     _gates_kernel[(t,)](a, b, a_log.contiguous(), dt_bias.contiguous(), g, beta, h, BLOCK=triton.next_power_of_2(h))
+    return g, beta
+
+
+def projected_gates(x: torch.Tensor, w_ab: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """gated_delta.projected_gates_reference's contract for T <= MAX_PROJECTED_ROWS rows: x [T, K] and
+    the stacked [W_a; W_b] [2 Hv, K] (x's dtype) -> (g, beta) float32 [T, Hv], one kernel."""
+    t, k = x.shape
+    h = w_ab.shape[0] // 2
+    if t > MAX_PROJECTED_ROWS or w_ab.dtype != x.dtype:
+        raise ValueError(f"projected_gates: at most {MAX_PROJECTED_ROWS} rows, weights in x's dtype")
+    g = torch.empty(t, h, dtype=torch.float32, device=x.device)
+    beta = torch.empty_like(g)
+    _projected_gates_kernel[(h,)](x.contiguous(), w_ab.contiguous(), a_log.contiguous(), dt_bias.contiguous(), g, beta,
+                                  t, k, h, BLOCK_K=triton.next_power_of_2(k), num_warps=16)
     return g, beta

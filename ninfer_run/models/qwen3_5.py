@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates
+from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates, projected_gates
 from ..layers import add_rms_norm, gated_rms_norm, linear, linear_group, rms_norm, rms_norm_rope, rope_once, swiglu_mlp
 from ..state import Segments, SequenceState, advance, attend, per_sequence, rope_positions
 from ..static_step import StaticBatch
@@ -104,11 +104,11 @@ class Model(CausalLM):
         t = x.shape[0]
         qkv, z = linear_group(x, [self._p(p + "in_proj_qkv.weight"), self._p(p + "in_proj_z.weight")])
         z = z.view(t, c.v_heads, c.v_dim)
-        if i in self.gate_inputs:
-            a, b = linear(x, self.gate_inputs[i]).split(c.v_heads, dim=-1)
+        if i in self.gate_inputs:  # bf16: projection and gates in one kernel for decode rows on CUDA
+            g, beta = projected_gates(x, self.gate_inputs[i], self._p(p + "A_log"), self._p(p + "dt_bias"))
         else:  # quantized (a profile that quantizes them)
             a, b = linear_group(x, [self._p(p + "in_proj_a.weight"), self._p(p + "in_proj_b.weight")])
-        g, beta = gates(a, b, self._p(p + "A_log"), self._p(p + "dt_bias"))
+            g, beta = gates(a, b, self._p(p + "A_log"), self._p(p + "dt_bias"))
         if isinstance(segments, StaticBatch):
             out = segments.gdn(i, qkv, g, beta, self._gdn_step, self._gdn_step_in_place)
         elif len(segments) > 1 and all(n == 1 for _, n in segments):

@@ -95,3 +95,26 @@ def test_silu_mul_matches_reference(n):
     up = torch.randn(n, generator=g).to(DEVICE, DTYPE)
     got, want = silu_mul(gate, up), layers.silu_mul_reference(gate, up)
     assert got.shape == want.shape and got.dtype == want.dtype and _rel(got, want) < 4e-3
+
+
+@pytest.mark.parametrize("rows,k", [(1, 5120), (4, 640), (16, 384)])
+def test_projected_gdn_gates_match_reference(rows, k):
+    """in_proj_a/b (stacked, bf16) and the gates in one kernel vs F.linear then the gates: the projection
+    rounded to x's dtype as F.linear's output is (sums in another order: a bf16 rounding apart at most)."""
+    from ninfer_run.kernels.gated_delta import projected_gates_reference
+    from ninfer_run.kernels.gdn_gates import projected_gates
+
+    g = torch.Generator().manual_seed(rows + k)
+    x = torch.randn(rows, k, generator=g).to(DEVICE, DTYPE)
+    w_ab = (torch.randn(96, k, generator=g) * 2.4 / k**0.5).to(DEVICE, DTYPE)  # a ~ N(0, 2.4)
+    a_log = (torch.rand(48, generator=g) * 2.7).to(DEVICE, DTYPE)
+    dt_bias = (torch.randn(48, generator=g) + 18).to(DEVICE, DTYPE)  # a + dt_bias past softplus's 20 often
+    got, want = projected_gates(x, w_ab, a_log, dt_bias), projected_gates_reference(x, w_ab, a_log, dt_bias)
+    for x_, y in zip(got, want):
+        assert x_.shape == y.shape == (rows, 48) and x_.dtype == torch.float32
+        # a or b an ulp apart here and there (sum order), those gates ~0.5% apart; the rest equal to float32's
+        # last bits (so the projection is rounded to x's dtype, as F.linear's output is)
+        same = (x_ - y).abs() <= 1e-6 * y.abs()
+        assert _rel(x_, y) < 5e-3 and float(same.float().mean()) > 0.8
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        projected_gates(torch.zeros(17, k, dtype=DTYPE, device=DEVICE), w_ab, a_log, dt_bias)
