@@ -11,7 +11,7 @@
 #   bench   tools/bench.py: the full-size qwen3.8-27b through the engine vs transformers
 #   sass    the engine's NVFP4 GEMV (tiled, M <= 8, 8 warps, depth 2) disassembled: gemv_sass.txt and
 #           its instruction counts by opcode (what the arithmetic costs per tile)
-# Logs and JSON/PNG land in $OUT.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [kernels] [bench] [sass]
+# JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [kernels] [bench] [sass]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; BENCH_ARGS are passed
 # to bench.py (e.g. "--profiles nvfp4 --profile-prefill 32768"), TESTS_ARGS to pytest (e.g. "tests/kernels").
 set -uo pipefail
@@ -35,7 +35,13 @@ for stage in $stages; do
         floor) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --floor-sweep --out "$OUT" 2>&1 | tee "$OUT/bench_floor.log" | grep floor ;;
         chain) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --chain --out "$OUT" 2>&1 | tee "$OUT/bench_chain.log" | grep chain ;;
         kernels) timeout ${KERNELS_S:-300} python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
-        bench) timeout ${BENCH_S:-420} python3 tools/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v Warning ;;
+        bench) # the GPU's clocks, temperature, power and throttle reasons every 2 s beside it (prefill is
+               # power-capped; a slow 100K TTFT in stops 16 and 17 was never sampled)
+               nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+                   --format=csv -lms 2000 > "$OUT/smi_bench.log" 2>&1 &
+               smi=$!
+               timeout ${BENCH_S:-420} python3 tools/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v Warning
+               kill $smi ;;
         sass) python3 -c "from ninfer_run.kernels import cuda_ops; assert cuda_ops.available()" \
               && cuobjdump -sass -fun "$GEMV_SYMBOL" $(find "${NINFER_CACHE:-$HOME/.cache/ninfer}" -name 'ninfer_cuda_ops*.so') \
                  > "$OUT/gemv_sass.txt" \
@@ -44,3 +50,6 @@ for stage in $stages; do
         *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
 done
+# The device tool returns at most 8 files: the logs and profiles travel as one archive (JSON and PNG apart).
+(cd "$OUT" && shopt -s nullglob && logs=(*.log *.txt) && [ ${#logs[@]} -gt 0 ] && tar czf gpu_check_logs.tgz "${logs[@]}" \
+    && rm -f "${logs[@]}") || true
