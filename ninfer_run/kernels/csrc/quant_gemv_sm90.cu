@@ -11,7 +11,8 @@
 // All pack 8 elements per 32-bit word in K order (row-major: nibble i = element i), so they share the
 // lane layout below and differ only in how a word becomes bf16 pairs (the Codec).
 //
-// Memory-bound: every weight byte is read once and never touches shared memory. The weights are the
+// Memory-bound: every weight byte is read once (into registers, or via shared memory in the bulk
+// pipeline, gemv_bulk below). The weights are the
 // MMA's A operand: a warp takes 16 output rows at once, lane 4g + c rows g and g + 8, 16 bytes of each
 // per 128-K tile = the 32 K values kt*128 + 32c .. +31: four 32-bit words, word t holding elements
 // 8t .. 8t+7 (nibble i = element 8t + i). The tile's eight m16n8k16 MMAs take K in an order of our
@@ -29,9 +30,11 @@
 // small integer u - v, exact. A tile is one quantization group, so its eight MMAs sum x * (u - v) into
 // a fresh fragment that is multiplied by the group's scale (per output row) in fp32.
 //
-// A block (16 rows) has kWarps warps that split the K tiles (warp w: w, w + kWarps, ...); each warp
-// keeps kDepth tiles of weights and scales in flight in registers (a ring of kDepth + 1 slots, the loop
-// unrolled over it, so each refill lands in the slot just consumed without register copies).
+// A block (16 rows) has kWarps warps that split the K tiles (warp w: w, w + kWarps, ...); in the
+// register ring (gemv) each warp keeps kDepth tiles of weights and scales in flight in registers (a ring
+// of kDepth + 1 slots, the loop unrolled over it, so each refill lands in the slot just consumed without
+// register copies); in the bulk pipeline (gemv_bulk, tiled NVFP4) a producer warp keeps the block's
+// next tiles coming into shared memory.
 // The warps' partial sums are added in shared memory, so each output is written once, in bf16: no
 // split over blocks, no atomics, no zeroed fp32 buffer and no conversion kernel after.
 //
