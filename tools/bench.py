@@ -16,8 +16,9 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - torch.profiler tables of 8 decode steps at C = 1 and at the largest C (decode_profile*.txt): where
     a token's time goes; with --profile-prefill N, one of an N-token prefill too (prefill_profile.txt);
   - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory);
-  - with --ab-pipeline NAME, decode C = 1 and 4 again with the NVFP4 GEMV streaming its weights through
-    that pipeline (cuda_ops.PIPELINES; an A/B in one run: each decode captures its own graphs).
+  - with --ab-pipeline NAME, decode C = 1 and 4 again, with the default pipeline and then with the NVFP4
+    GEMV streaming its weights through NAME (cuda_ops.PIPELINES; an A/B of adjacent runs: each decode
+    captures its own graphs).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
 difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
@@ -356,14 +357,16 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
             save()
             print(f"[{profile}] decode C={c} MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
                   f"accept {row['acceptance']}", flush=True)
-    if args.ab_pipeline:  # the same C = 1 and C = 4 figures with the GEMV's other pipeline
-        default, cuda_ops.PIPELINE = cuda_ops.PIPELINE, args.ab_pipeline
+    if args.ab_pipeline:  # C = 1 and C = 4 with the GEMV's default pipeline and the other one, back to back
+        default = cuda_ops.PIPELINE  # (adjacent runs: the machine's drift over the run stays out of the A/B)
         try:
             for c in (1, 4):
-                row = decode(model, c, args.new_tokens, 512) | {"variant": f"pipeline {args.ab_pipeline}"}
-                p["decode"].append(row)
-                save()
-                print(f"[{profile}] decode C={c} (pipeline {args.ab_pipeline}): {row['tok_s']:.1f} tok/s", flush=True)
+                for pipeline in (default, args.ab_pipeline):
+                    cuda_ops.PIPELINE = pipeline
+                    row = decode(model, c, args.new_tokens, 512) | {"variant": f"pipeline {pipeline}"}
+                    p["decode"].append(row)
+                    save()
+                    print(f"[{profile}] decode C={c} (pipeline {pipeline}): {row['tok_s']:.1f} tok/s", flush=True)
         finally:
             cuda_ops.PIPELINE = default
     decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
