@@ -373,10 +373,12 @@ def mlp_chain(device: str) -> list[dict]:
     sink = torch.empty(8 * sms * 16 * 32, dtype=torch.int32, device=device)
     act = torch.randn(1, inter, device=device, dtype=torch.bfloat16)  # the down projection's x, GEMVs alone
 
-    def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool = True, pipeline: str = "ring",
+    def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool | str = True, pipeline: str = "ring",
               glu: bool = False):
+        """small_ops: True (the norm and SiLU-mul, Triton), False (none: the GEMVs alone), "copy" (a torch
+        copy of x in their places: any kernel between, one that does not let the GEMV launch early)."""
         gemv = functools.partial(cuda_ops.nvfp4_gemv_group, shape=shape, tiled=True, pdl=pdl, pipeline=pipeline)
-        h = norms.rms_norm(x, norm_w, 1e-6, 1.0) if small_ops else x
+        h = x.clone() if small_ops == "copy" else norms.rms_norm(x, norm_w, 1e-6, 1.0) if small_ops else x
         if glu:  # gate, up and SiLU-mul in one launch
             gemv(gemv(h, [(*w["gate"], s2), (*w["up"], s2)], glu=True)[0], [(*w["down"], s2)])
             return
@@ -384,7 +386,7 @@ def mlp_chain(device: str) -> list[dict]:
             g, u = gemv(h, [(*w["gate"], s2), (*w["up"], s2)])
         else:
             g, u = (gemv(h, [(*w[name], s2)])[0] for name in ("gate", "up"))
-        gemv(silu_mul(g, u) if small_ops else act, [(*w["down"], s2)])
+        gemv(act.clone() if small_ops == "copy" else silu_mul(g, u) if small_ops else act, [(*w["down"], s2)])
 
     def reads(w):
         for name in ("gate", "up", "down"):
@@ -397,7 +399,10 @@ def mlp_chain(device: str) -> list[dict]:
                 "grouped+pdl staged x": lambda w: block(w, True, True, pipeline="ring-staged-x"),
                 "bulk grouped": lambda w: block(w, True, False, pipeline="bulk"),
                 "bulk GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="bulk"),
-                "bulk glu+pdl": lambda w: block(w, True, True, pipeline="bulk", glu=True)}
+                "bulk glu+pdl": lambda w: block(w, True, True, pipeline="bulk", glu=True),
+                # is it the small kernels' kind (Triton, early trigger) or any kernel between? torch copies
+                "grouped+pdl, copies between": lambda w: block(w, True, True, small_ops="copy"),
+                "bulk grouped+pdl, copies between": lambda w: block(w, True, True, small_ops="copy", pipeline="bulk")}
     for shape in sorted(cuda_ops.BULK_SHAPES):  # bulk_shape's (8, 4) here
         variants[f"bulk grouped+pdl {shape[0]}x{shape[1]}"] = lambda w, s=shape: block(w, True, True, s, pipeline="bulk")
     rows = []
