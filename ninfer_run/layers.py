@@ -134,19 +134,23 @@ def linear(x: torch.Tensor, weight) -> torch.Tensor:
     return F.linear(x, weight) if isinstance(weight, torch.Tensor) else weight(x)
 
 
+def _one_launch(x: torch.Tensor, weights: list, glu: bool = False) -> list[torch.Tensor] | None:
+    """Quantized weights' shared launch (kernels/linear.py QuantizedLinear.group), None where they have none."""
+    group = None if isinstance(weights[0], torch.Tensor) else getattr(weights[0], "group", None)
+    return group(x, weights, glu=glu) if group is not None else None
+
+
 def linear_group(x: torch.Tensor, weights: list) -> list[torch.Tensor]:
     """[linear(x, w) for w in weights] for weights that read the same x; quantized ones whose GEMVs can
     share one launch (kernels/linear.py: decode rows on the CUDA kernels) do."""
-    group = None if isinstance(weights[0], torch.Tensor) else getattr(weights[0], "group", None)
-    out = group(x, weights) if group is not None else None
+    out = _one_launch(x, weights)
     return out if out is not None else [linear(x, w) for w in weights]
 
 
 def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
     """down(SiLU(gate(x)) * up(x)); where the NVFP4 bulk GEMV takes the rows, gate, up and the activation
     are one launch (kernels/linear.py, glu), else silu_mul of the two."""
-    group = None if isinstance(gate, torch.Tensor) else getattr(gate, "group", None)
-    fused = group(x, [gate, up], glu=True) if group is not None else None
+    fused = _one_launch(x, [gate, up], glu=True)
     return linear(fused[0] if fused is not None else silu_mul(*linear_group(x, [gate, up])), down)
 
 

@@ -158,6 +158,11 @@ def bulk_shape(k: int) -> tuple[int, int]:
     return (8, 4) if k // TILE_K >= 8 else (4, 8)
 
 
+def nvfp4_shape(pipeline: str, n: int, k: int, device: torch.device) -> tuple[int, int]:
+    """The shape a resolved pipeline launches an N x K (total) NVFP4 GEMV with by default."""
+    return bulk_shape(k) if pipeline == "bulk" else gemv_shape(n, k, device)
+
+
 def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None,
                tiled_n: int | None = None, pipeline: str | None = None) -> torch.Tensor:
     """x [M <= 16, K] bf16 -> y [M, N] bf16: nvfp4_linear.reference's float32 sums, rounded once.
@@ -181,8 +186,7 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
         raise ValueError(f"glu: gate and up in the bulk pipeline (tiled), not {len(weights)} weights in {pipeline!r}")
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows[:1] if glu else rows)
-    if shape is None:
-        shape = bulk_shape(x.shape[1]) if pipeline == "bulk" else gemv_shape(sum(rows), x.shape[1], x.device)
+    shape = shape or nvfp4_shape(pipeline, sum(rows), x.shape[1], x.device)
     s2 = [g.reshape(1).to(device=x.device, dtype=torch.float32) for _, _, g in weights]
     torch.ops.ninfer.nvfp4_gemv(x.contiguous(), [q for q, _, _ in weights], [s.view(torch.uint8) for _, s, _ in weights],
                                 s2, ys, *shape, tiled, pdl, PIPELINES[pipeline], glu)

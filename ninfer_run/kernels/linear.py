@@ -64,13 +64,12 @@ class QuantizedLinear:
         lead, k = x.shape[:-1], x.shape[-1]
         if not x.is_cuda or x.numel() // k > GEMV_MAX_ROWS or len(weights) > MAX_GROUP:
             return None
-        if glu and (len(weights) != 2 or getattr(weights[0], "shape", None) != getattr(weights[1], "shape", 0)):
-            return None
         x2 = x.reshape(-1, k)
         kernels = {w._cuda_gemv(x2) if isinstance(w, QuantizedLinear) else None for w in weights}
         if len(kernels) != 1 or None in kernels:
             return None
-        if glu and (kernels != {"nvfp4"} or cuda_ops.pipeline_for(x2.shape[0]) != "bulk"):
+        if glu and (len(weights) != 2 or weights[0].shape != weights[1].shape or kernels != {"nvfp4"}
+                    or cuda_ops.pipeline_for(x2.shape[0]) != "bulk"):
             return None
         x2 = x2.to(torch.bfloat16)  # (the tiled NVFP4 kernel takes any rows as bf16; results are cast back)
         if kernels == {"nvfp4"}:

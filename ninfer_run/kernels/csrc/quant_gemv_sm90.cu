@@ -560,7 +560,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   if (warp == 0) write_rows<Nvfp4Tiled, kHighTokens, kWarps, kGlu>(partial, parts, block * 16, M, lane);
 }
 
-constexpr int kMaxStagedBytes = 48 * 1024;  // x staged in shared memory without an opt-in attribute
+constexpr int kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a kernel gets without an opt-in
 
 // How a launch streams its weights (ops.cpp's `pipeline`): the register ring, the ring with x staged
 // in shared memory (tiled NVFP4, M <= 8, x up to 48 KB; else the plain ring), the bulk-copy pipeline
@@ -587,7 +587,7 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
                         int pipeline, cudaStream_t stream) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   if constexpr (kTiled) {
-    if (pipeline == kRingStagedX && M <= 8 && M * K * 2 <= kMaxStagedBytes) {
+    if (pipeline == kRingStagedX && M <= 8 && M * K * 2 <= kDefaultSharedBytes) {
       Launch l(blocks, kWarps * 32, M * K * 2, pdl, stream);
       return cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, true>, xb, parts, M, K);
     }
@@ -602,7 +602,7 @@ cudaError_t launch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int bloc
                         cudaStream_t stream) {
   constexpr int kShared = bulk_shared_bytes<kWarps, kStages>();
   auto* kernel = M > 8 ? gemv_bulk<true, kWarps, kStages, kGlu> : gemv_bulk<false, kWarps, kStages, kGlu>;
-  if constexpr (kShared > kMaxStagedBytes) {  // past the default: opted in once per kernel
+  if constexpr (kShared > kDefaultSharedBytes) {  // past the default: opted in once per kernel
     static const cudaError_t opt_in[2] = {
         cudaFuncSetAttribute(gemv_bulk<false, kWarps, kStages, kGlu>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared),
         cudaFuncSetAttribute(gemv_bulk<true, kWarps, kStages, kGlu>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared)};
