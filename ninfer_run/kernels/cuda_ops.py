@@ -135,21 +135,24 @@ def tile_nvfp4(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.
 
 PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependent launches (csrc)
 # How the NVFP4 GEMV streams the tiled layout's weights (csrc Pipeline): "ring" (each warp keeps its next
-# tiles in registers), "ring-staged-x" (the ring, x copied to shared memory first: an experiment), "bulk"
-# (a producer warp streams each block's rows through shared memory with bulk asynchronous copies), or
-# "auto": bulk for one row (decode at C = 1: the MLP chain and the engine ran faster), the ring for more
-# (C = 4 ran faster on the ring; tools/results/gpu_notes.md, stop 17). The row-major layout has the ring only.
+# tiles in registers), "ring-staged-x" (the ring, x copied to shared memory first where it fits in 48 KB
+# with the partial sums, else the plain ring), "bulk" (a producer warp streams each block's rows through
+# shared memory with bulk asynchronous copies; gate, up and SiLU-mul can share its launch), or "auto":
+# ring-staged-x (in adjacent engine runs on the H200 it beat bulk + GLU at C = 1 by 2-3% and the ring at
+# C = 2 and 4 by 3%: tools/results/gpu_notes.md, stop 18). The row-major layout has the ring only.
 PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2}
+PIPELINE_NAMES = (*PIPELINES, "auto")
 PIPELINE = os.environ.get("NINFER_GEMV_PIPELINE", "auto")
-if PIPELINE not in (*PIPELINES, "auto"):
-    raise ValueError(f"NINFER_GEMV_PIPELINE={PIPELINE!r}: one of {sorted(PIPELINES) + ['auto']}")
+if PIPELINE not in PIPELINE_NAMES:
+    raise ValueError(f"NINFER_GEMV_PIPELINE={PIPELINE!r}: one of {PIPELINE_NAMES}")
 
 
 def pipeline_for(rows: int, pipeline: str | None = None) -> str:
     """The pipeline a tiled NVFP4 GEMV of this many rows runs: `pipeline`, else PIPELINE as it is now
-    (tools/bench.py --ab-pipeline changes it), "auto" resolved by the rows."""
+    (tools/bench.py --ab pipeline=... changes it), "auto" resolved (the same for any rows since stop 18;
+    the rows stay in the signature, as the measured choice has depended on them)."""
     pipeline = PIPELINE if pipeline is None else pipeline
-    return ("bulk" if rows == 1 else "ring") if pipeline == "auto" else pipeline
+    return "ring-staged-x" if pipeline == "auto" else pipeline
 
 
 def bulk_shape(k: int) -> tuple[int, int]:
@@ -177,7 +180,7 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
                      glu: bool = False) -> list[torch.Tensor]:
     """nvfp4_gemv of 1 to 3 weights (qweight, block_scale, global_scale) that read the same x, as one
     launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `pipeline`: one of PIPELINES
-    (tiled only), None: PIPELINE as it is at the call (tools/bench.py --ab-pipeline flips it for a second
+    (tiled only), None: PIPELINE as it is at the call (tools/bench.py --ab pipeline=... flips it for a second
     set of decode figures). `shape`: the pipeline's, as for their total N (gemv_shape, bulk_shape).
     `glu` (tiled, the bulk pipeline): the weights are gate and up of one N -> [SiLU(x @ gate^T) *
     (x @ up^T)], from the float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own)."""

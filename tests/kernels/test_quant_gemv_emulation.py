@@ -249,20 +249,20 @@ def test_sm90a_gemv_compiles_and_gpu_check_names_a_kernel_it_has(tmp_path):
 
 
 def test_pipeline_choice_and_glu_refusal(monkeypatch):
-    """NINFER_GEMV_PIPELINE=auto streams one row through the bulk pipeline and more through the ring
-    (as measured, gpu_notes stop 17); an explicit choice wins; gate+up+SiLU-mul in one launch (glu) is the
-    bulk pipeline's only, refused before any kernel runs."""
+    """NINFER_GEMV_PIPELINE=auto runs any rows on the ring with x staged (as measured, gpu_notes stop 18);
+    an explicit choice wins; gate+up+SiLU-mul in one launch (glu) is the bulk pipeline's only, refused
+    before any kernel runs."""
     from ninfer_run.kernels import cuda_ops
 
     monkeypatch.setattr(cuda_ops, "PIPELINE", "auto")
-    assert [cuda_ops.pipeline_for(m) for m in (1, 2, 4, 16)] == ["bulk", "ring", "ring", "ring"]
+    assert {cuda_ops.pipeline_for(m) for m in (1, 2, 4, 16)} == {"ring-staged-x"}
     assert cuda_ops.pipeline_for(1, "ring") == "ring" and cuda_ops.pipeline_for(8, "bulk") == "bulk"
     monkeypatch.setattr(cuda_ops, "PIPELINE", "ring")
     assert cuda_ops.pipeline_for(1) == "ring"
     x = torch.zeros(4, 256, dtype=torch.bfloat16)
     weight = (torch.zeros(1, 2, 1024, dtype=torch.uint8), torch.zeros(1, 2, 128, dtype=torch.uint8), torch.ones(1))
     with pytest.raises(ValueError, match="bulk pipeline"):
-        cuda_ops.nvfp4_gemv_group(x, [weight, weight], tiled=True, glu=True)  # 4 rows: the ring
+        cuda_ops.nvfp4_gemv_group(x, [weight, weight], tiled=True, glu=True)  # auto: the ring
     with pytest.raises(ValueError, match="bulk pipeline"):
         cuda_ops.nvfp4_gemv_group(x[:1], [weight], tiled=True, pipeline="bulk", glu=True)  # one weight
     assert cuda_ops.bulk_shape(5120) == (8, 4) and cuda_ops.bulk_shape(256) == (4, 8)

@@ -6,6 +6,8 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <sstream>
+#include <stdexcept>
 #include <vector>
 
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
@@ -19,20 +21,33 @@ namespace {
 
 constexpr size_t kMaxParts = 3;  // quant_gemv_sm90.cu's
 
+// A refusal: std::runtime_error (torch raises it in Python as RuntimeError), thrown here, not TORCH_CHECK's
+// c10::Error. On the H200 box's toolchain (the CXX wrapper links libstdc++ statically into the extension)
+// a c10::Error thrown inside libc10 and unwound through this library's frames ended the process with
+// SIGSEGV, even in a CPU-only op; an exception thrown by this library itself is raised normally (stop 18).
+template <class... Parts>
+void require(bool ok, const Parts&... parts) {
+  if (ok) return;
+  std::ostringstream message;
+  (message << ... << parts);
+  throw std::runtime_error(message.str());
+}
+
 // What both GEMVs require of x, the parts' row counts n and their outputs y[p] [M, n[p]] (a block takes
 // 16 rows), or with glu two parts of one N and one y [M, N]; -> (M, K) and y's pointers.
 std::tuple<int64_t, int64_t, std::vector<void*>> check_rows(const char* op, const at::Tensor& x, at::TensorList y,
                                                             const std::vector<int>& n, bool glu) {
+  require(x.dim() == 2, op, ": x [M, K]");  // (before any size(i): an out-of-range i throws a c10::Error)
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), op, ": x contiguous bf16 on CUDA");
-  TORCH_CHECK(M >= 1 && M <= 16 && K % 128 == 0, op, ": M in 1..16, K % 128 == 0");
-  TORCH_CHECK(!n.empty() && n.size() <= kMaxParts && y.size() == (glu ? 1 : n.size()), op,
+  require(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), op, ": x contiguous bf16 on CUDA");
+  require(M >= 1 && M <= 16 && K % 128 == 0, op, ": M in 1..16, K % 128 == 0");
+  require(!n.empty() && n.size() <= kMaxParts && y.size() == (glu ? 1 : n.size()), op,
               ": 1 to 3 weights, one y each (glu: gate and up, one y)");
-  TORCH_CHECK(!glu || (n.size() == 2 && n[0] == n[1]), op, ": glu takes gate and up of one N");
+  require(!glu || (n.size() == 2 && n[0] == n[1]), op, ": glu takes gate and up of one N");
   std::vector<void*> out;
   for (size_t p = 0; p < y.size(); ++p) {
-    TORCH_CHECK(n[p] > 0 && n[p] % 16 == 0, op, ": each weight's N % 16 == 0");
-    TORCH_CHECK(y[p].scalar_type() == at::kBFloat16 && y[p].is_contiguous() && y[p].dim() == 2 && y[p].size(0) == M &&
+    require(n[p] > 0 && n[p] % 16 == 0, op, ": each weight's N % 16 == 0");
+    require(y[p].scalar_type() == at::kBFloat16 && y[p].is_contiguous() && y[p].dim() == 2 && y[p].size(0) == M &&
                     y[p].size(1) == n[p], op, ": each y bf16 [M, its weight's N]");
     out.push_back(y[p].data_ptr());
   }
@@ -40,28 +55,31 @@ std::tuple<int64_t, int64_t, std::vector<void*>> check_rows(const char* op, cons
 }
 
 void check_aligned(const char* op, const at::Tensor& t) {
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": operands must be 16-byte aligned");
+  require(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": operands must be 16-byte aligned");
 }
 
 void check_launch(const char* op, int err, int64_t warps, int64_t depth) {
-  TORCH_CHECK(err == 0, op, " launch failed (warps ", warps, ", depth ", depth, "): CUDA error ", err);
+  require(err == 0, op, " launch failed (warps ", warps, ", depth ", depth, "): CUDA error ", err);
 }
 
 // tiled: q and scale in cuda_ops.tile_nvfp4's layout (the same bytes, each 16-row x 128-K tile contiguous)
 void nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
                 int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu) {
-  TORCH_CHECK(scale.size() == q.size() && s2.size() == q.size(), "nvfp4_gemv: as many scales as weights");
+  require(scale.size() == q.size() && s2.size() == q.size(), "nvfp4_gemv: as many scales as weights");
   std::vector<int> n;
-  for (const at::Tensor& t : q) n.push_back(static_cast<int>(t.size(0) * (tiled ? 16 : 1)));
+  for (const at::Tensor& t : q) {
+    require(t.dim() == (tiled ? 3 : 2), "q: u8 [N, K/2] (or tiled: [N/16, K/128, 1024])");
+    n.push_back(static_cast<int>(t.size(0) * (tiled ? 16 : 1)));
+  }
   const auto [M, K, yp] = check_rows("nvfp4_gemv", x, y, n, glu);
   std::vector<const void*> qp, sp;
   std::vector<const float*> s2p;
   for (size_t p = 0; p < q.size(); ++p) {
-    TORCH_CHECK(q[p].scalar_type() == at::kByte && q[p].is_contiguous() && q[p].numel() == n[p] * K / 2 &&
+    require(q[p].scalar_type() == at::kByte && q[p].is_contiguous() && q[p].numel() == n[p] * K / 2 &&
                     (tiled || q[p].size(1) * 2 == K), "q: u8 [N, K/2] (or tiled: [N/16, K/128, 1024])");
-    TORCH_CHECK(scale[p].element_size() == 1 && scale[p].is_contiguous() && scale[p].numel() == n[p] * K / 16,
+    require(scale[p].element_size() == 1 && scale[p].is_contiguous() && scale[p].numel() == n[p] * K / 16,
                 "scale: e4m3 [N, K/16] (or tiled, as many bytes)");
-    TORCH_CHECK(s2[p].scalar_type() == at::kFloat && s2[p].numel() == 1 && s2[p].is_cuda(), "s2: one float32 on CUDA");
+    require(s2[p].scalar_type() == at::kFloat && s2[p].numel() == 1 && s2[p].is_cuda(), "s2: one float32 on CUDA");
     check_aligned("nvfp4_gemv", q[p]);
     check_aligned("nvfp4_gemv", scale[p]);
     qp.push_back(q[p].data_ptr());
@@ -79,18 +97,21 @@ void nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at:
 
 void int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, const c10::List<std::optional<at::Tensor>>& zero,
                at::TensorList y, int64_t warps, int64_t depth, bool pdl) {
-  TORCH_CHECK(scale.size() == q.size() && zero.size() == q.size(), "int4_gemv: as many scales and zeros as weights");
+  require(scale.size() == q.size() && zero.size() == q.size(), "int4_gemv: as many scales and zeros as weights");
   std::vector<int> n;
-  for (const at::Tensor& t : q) n.push_back(static_cast<int>(t.size(0)));
+  for (const at::Tensor& t : q) {
+    require(t.dim() == 2, "q: i32 [N, K/8]");
+    n.push_back(static_cast<int>(t.size(0)));
+  }
   const auto [M, K, yp] = check_rows("int4_gemv", x, y, n, false);
   std::vector<const void*> qp, sp, zp;
   for (size_t p = 0; p < q.size(); ++p) {
-    TORCH_CHECK(q[p].scalar_type() == at::kInt && q[p].is_contiguous() && q[p].size(1) * 8 == K, "q: i32 [N, K/8]");
-    TORCH_CHECK(scale[p].scalar_type() == at::kBFloat16 && scale[p].is_contiguous() && scale[p].size(0) == n[p] &&
+    require(q[p].scalar_type() == at::kInt && q[p].is_contiguous() && q[p].size(1) * 8 == K, "q: i32 [N, K/8]");
+    require(scale[p].scalar_type() == at::kBFloat16 && scale[p].is_contiguous() && scale[p].dim() == 2 && scale[p].size(0) == n[p] &&
                     scale[p].size(1) == K / 128, "scale: bf16 [N, K/128] (group 128)");
     const std::optional<at::Tensor> z = zero.get(p);
     if (z.has_value())
-      TORCH_CHECK(z->scalar_type() == at::kInt && z->is_contiguous() && z->size(0) == n[p] / 8 &&
+      require(z->scalar_type() == at::kInt && z->is_contiguous() && z->dim() == 2 && z->size(0) == n[p] / 8 &&
                       z->size(1) == K / 128, "zero: i32 [N/8, K/128]");
     check_aligned("int4_gemv", q[p]);
     qp.push_back(q[p].data_ptr());

@@ -348,8 +348,8 @@ __device__ __forceinline__ void write_rows(const float (&partial)[kWarps][kHighT
     }
 }
 
-// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (an experiment,
-// bench_kernels --chain): the block first copies x [M, K] into shared memory with all its threads, so
+// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (ring-staged-x, the
+// engine's pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
 // each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
 __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x,
@@ -563,7 +563,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
 constexpr int kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a kernel gets without an opt-in
 
 // How a launch streams its weights (ops.cpp's `pipeline`): the register ring, the ring with x staged
-// in shared memory (tiled NVFP4, M <= 8, x up to 48 KB; else the plain ring), the bulk-copy pipeline
+// in shared memory (tiled NVFP4, M <= 8, x and the partial sums within 48 KB; else the plain ring), the bulk-copy pipeline
 // (tiled NVFP4 only).
 enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2 };
 
@@ -587,7 +587,10 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
                         int pipeline, cudaStream_t stream) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   if constexpr (kTiled) {
-    if (pipeline == kRingStagedX && M <= 8 && M * K * 2 <= kDefaultSharedBytes) {
+    // x and the kernel's static partial sums within the 48 KB a block gets without an opt-in (o_proj's
+    // K = 6144 at M = 4 is exactly 48 KB of x: that launch failed until the partials were counted)
+    constexpr int kPartialBytes = sizeof(float[kWarps][4][32]);
+    if (pipeline == kRingStagedX && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
       Launch l(blocks, kWarps * 32, M * K * 2, pdl, stream);
       return cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, true>, xb, parts, M, K);
     }
