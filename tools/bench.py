@@ -126,15 +126,23 @@ def _profiled(run, profile_to: Path | None) -> None:
                           + ops.table(sort_by="self_cpu_time_total", row_limit=30))
 
 
+def _triton_kernels_cached() -> int:
+    """Compiled Triton kernels in its cache directory: a timed run that adds some compiled during the timing."""
+    cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    return sum(1 for _ in cache.iterdir()) if cache.is_dir() else 0
+
+
 def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None = None) -> dict:
     engine = build_engine(model, EngineConfig(max_context=tokens + 64, prefill_chunk=chunk, max_frontiers=1))
     result = engine.submit(Request(_prompt(tokens, model.cfg.vocab_size, seed), max_tokens=1, params=GREEDY))
+    cached = _triton_kernels_cached()
     _profiled(engine.run_until_done, profile_to)
     _sync()
     ttft = result.first_token - result.admitted
     del engine
     gc.collect()
-    return {"tokens": tokens, "chunk": chunk, "ttft_s": ttft, "tok_s": tokens / ttft}
+    return {"tokens": tokens, "chunk": chunk, "ttft_s": ttft, "tok_s": tokens / ttft,
+            "triton_compiled": _triton_kernels_cached() - cached}
 
 
 def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: int = 0, forced: bool = False,
@@ -448,13 +456,18 @@ def main() -> None:
         p["kv_capacity"] = kv_capacity(model, entry, config, weights, device)
         save()
         flops = model_flops_per_token(model)
-        prefill(model, min(2 * args.chunk, args.prefill[0]), args.chunk, seed=99)  # warm-up: compiles every kernel
+        # warm-up: compiles every kernel, so two chunks (the second attends to the first's KV: other kernels);
+        # with one (an 8K warm-up before a 100K run, until stop 18) the timed 100K compiled them: 26-29 s, not 17
+        warm = prefill(model, min(2 * args.chunk, max(args.prefill)), args.chunk, seed=99)
+        print(f"[{profile}] warm-up prefill {warm['tokens']}: {warm['ttft_s']:.2f} s, "
+              f"{warm['triton_compiled']} Triton kernels compiled", flush=True)
         for tokens in args.prefill if n == 0 else args.prefill[:1]:  # later profiles: the 8K point (device time)
             row = prefill(model, tokens, args.chunk, seed=tokens)
             row["of_flop_ceiling"] = flops * row["tok_s"] / (ceil["bf16_TFLOP_s"] * 1e12)
             p["prefill"].append(row)
             save()
-            print(f"[{profile}] prefill {tokens}: {row['ttft_s']:.2f} s", flush=True)
+            print(f"[{profile}] prefill {tokens}: {row['ttft_s']:.2f} s ({row['triton_compiled']} Triton kernels "
+                  f"compiled meanwhile)", flush=True)
         if args.profile_prefill and n == 0:
             prefill(model, args.profile_prefill, args.chunk, seed=7, profile_to=args.out / "prefill_profile.txt")
         if not args.no_decode:

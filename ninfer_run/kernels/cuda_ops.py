@@ -191,8 +191,9 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
     ys = _outputs(x, rows[:1] if glu else rows)
     shape = shape or nvfp4_shape(pipeline, sum(rows), x.shape[1], x.device)
     s2 = [g.reshape(1).to(device=x.device, dtype=torch.float32) for _, _, g in weights]
-    torch.ops.ninfer.nvfp4_gemv(x.contiguous(), [q for q, _, _ in weights], [s.view(torch.uint8) for _, s, _ in weights],
-                                s2, ys, *shape, tiled, pdl, PIPELINES[pipeline], glu)
+    _raise_refusal(torch.ops.ninfer.nvfp4_gemv(x.contiguous(), [q for q, _, _ in weights],
+                                               [s.view(torch.uint8) for _, s, _ in weights], s2, ys, *shape, tiled, pdl,
+                                               PIPELINES[pipeline], glu))
     return ys
 
 
@@ -208,9 +209,15 @@ def int4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int
     rows = [q.shape[0] for q, _, _ in weights]
     ys = _outputs(x, rows)
     warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)
-    torch.ops.ninfer.int4_gemv(x.contiguous(), [q for q, _, _ in weights], [s for _, s, _ in weights],
-                               [z for _, _, z in weights], ys, warps, depth, pdl)
+    _raise_refusal(torch.ops.ninfer.int4_gemv(x.contiguous(), [q for q, _, _ in weights], [s for _, s, _ in weights],
+                                              [z for _, _, z in weights], ys, warps, depth, pdl))
     return ys
+
+
+def _raise_refusal(message: str) -> None:
+    """The ops return why they refused or failed instead of raising in C++ (csrc/ops.cpp: guarded)."""
+    if message:
+        raise RuntimeError(message)
 
 
 def _outputs(x: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:

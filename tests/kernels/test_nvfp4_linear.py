@@ -138,36 +138,35 @@ from ninfer_run.kernels import cuda_ops
 assert cuda_ops.available()
 x = torch.zeros(1, 256, dtype=torch.bfloat16, device="cuda")
 q, s8 = (torch.zeros(16, n, dtype=torch.uint8, device="cuda") for n in (128, 16))
-y = torch.empty(1, 16, dtype=torch.bfloat16, device="cuda")
-s2 = [torch.ones(1, device="cuda")]
+weight = [(q, s8, torch.ones(1, device="cuda"))]
+y = torch.empty(1, 8, dtype=torch.bfloat16, device="cuda")
 cases = {  # 3 warps: no such kernel, the launcher refuses; then arguments ops.cpp checks
-    "launch": (x, [q], [s8], s2, [y], 3, 2),
-    "x [M, K]": (x[0], [q], [s8], s2, [y], 8, 2),
-    "each y bf16": (x, [q], [s8], s2, [y[:, :8]], 8, 2),
+    "launch": lambda: cuda_ops.nvfp4_gemv_group(x, weight, (3, 2)),
+    "x [M, K]": lambda: cuda_ops.nvfp4_gemv_group(x[0], weight, (8, 2)),
+    "each y bf16": lambda: torch.ops.ninfer.nvfp4_gemv(x, [q], [s8], [weight[0][2]], [y], 8, 2, False, True, 0, False),
 }
-for name, args in cases.items():
+for name, call in cases.items():
     try:
-        torch.ops.ninfer.nvfp4_gemv(*args, False, True, 0, False)
-        print(name, "accepted")
+        print(name, "returned", call(), flush=True)
     except RuntimeError as err:
-        print(name, "RuntimeError", str(err).splitlines()[0])
+        print(name, "RuntimeError", str(err).splitlines()[0], flush=True)
 """
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 def test_cuda_gemv_refusal_is_an_error_not_a_crash():
-    """What the extension refuses must come back as a RuntimeError with its reason (in a subprocess: a
-    crash fails this test alone). Until stop 18 each of these ended the process with SIGSEGV on the H200
-    (ops.cpp's require says why)."""
+    """What the extension refuses must come back with its reason, as a RuntimeError from cuda_ops (in a
+    subprocess: a crash fails this test alone). Until stop 18 each of these ended the process with SIGSEGV
+    on the H200 (csrc/ops.cpp's guarded says why)."""
     import subprocess
     import sys
 
     r = subprocess.run([sys.executable, "-c", REFUSED_LAUNCHES], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.splitlines()
+    assert r.returncode == 0, (lines, r.stderr[-2000:])
     assert "launch RuntimeError nvfp4_gemv launch failed (warps 3, depth 2): CUDA error 1" in lines, lines
     assert "x [M, K] RuntimeError nvfp4_gemv: x [M, K]" in lines, lines
-    assert any(line.startswith("each y bf16 RuntimeError nvfp4_gemv: each y bf16") for line in lines), lines
+    assert "each y bf16 returned nvfp4_gemv: each y bf16 [M, its weight's N]" in lines, lines
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")

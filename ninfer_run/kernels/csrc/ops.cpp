@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
@@ -21,10 +22,11 @@ namespace {
 
 constexpr size_t kMaxParts = 3;  // quant_gemv_sm90.cu's
 
-// A refusal: std::runtime_error (torch raises it in Python as RuntimeError), thrown here, not TORCH_CHECK's
-// c10::Error. On the H200 box's toolchain (the CXX wrapper links libstdc++ statically into the extension)
-// a c10::Error thrown inside libc10 and unwound through this library's frames ended the process with
-// SIGSEGV, even in a CPU-only op; an exception thrown by this library itself is raised normally (stop 18).
+// A refusal throws std::runtime_error, and each op catches what its body throws (its refusals, a c10::Error
+// from ATen) and returns the message ("" when it ran); cuda_ops raises it as a RuntimeError. No exception
+// leaves this library: on the H200 box's toolchain (a CXX wrapper whose link leaves libstdc++ out of the
+// .so's dependencies) an exception unwound out of its frames into torch's ended the process with SIGSEGV,
+// TORCH_CHECK's or our own, even in a CPU-only op; thrown and caught inside it works (stop 18 diagnostics).
 template <class... Parts>
 void require(bool ok, const Parts&... parts) {
   if (ok) return;
@@ -54,6 +56,18 @@ std::tuple<int64_t, int64_t, std::vector<void*>> check_rows(const char* op, cons
   return {M, K, out};
 }
 
+template <class Body>
+std::string guarded(Body body) {
+  try {
+    body();
+    return {};
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 void check_aligned(const char* op, const at::Tensor& t) {
   require(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": operands must be 16-byte aligned");
 }
@@ -63,8 +77,8 @@ void check_launch(const char* op, int err, int64_t warps, int64_t depth) {
 }
 
 // tiled: q and scale in cuda_ops.tile_nvfp4's layout (the same bytes, each 16-row x 128-K tile contiguous)
-void nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
-                int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu) {
+void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
+                     int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu) {
   require(scale.size() == q.size() && s2.size() == q.size(), "nvfp4_gemv: as many scales as weights");
   std::vector<int> n;
   for (const at::Tensor& t : q) {
@@ -95,8 +109,9 @@ void nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at:
                warps, depth);
 }
 
-void int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, const c10::List<std::optional<at::Tensor>>& zero,
-               at::TensorList y, int64_t warps, int64_t depth, bool pdl) {
+void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
+                    const c10::List<std::optional<at::Tensor>>& zero, at::TensorList y, int64_t warps, int64_t depth,
+                    bool pdl) {
   require(scale.size() == q.size() && zero.size() == q.size(), "int4_gemv: as many scales and zeros as weights");
   std::vector<int> n;
   for (const at::Tensor& t : q) {
@@ -127,18 +142,30 @@ void int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, cons
                warps, depth);
 }
 
+std::string nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
+                       int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu) {
+  return guarded([&] { nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, tiled, pdl, pipeline, glu); });
+}
+
+std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale,
+                      const c10::List<std::optional<at::Tensor>>& zero, at::TensorList y, int64_t warps, int64_t depth,
+                      bool pdl) {
+  return guarded([&] { int4_gemv_body(x, q, scale, zero, y, warps, depth, pdl); });
+}
+
 }  // namespace
 
-// One launch for 1 to 3 weights that read the same x, each into its own y [M, N]; glu (NVFP4, tiled, the
+// One launch for 1 to 3 weights that read the same x, each into its own y [M, N] -> "" or why not (guarded);
+// glu (NVFP4, tiled, the
 // bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
 // its weights (quant_gemv_sm90.cu's Pipeline: 0 register ring, 1 ring with x staged in shared memory,
 // 2 bulk copies through shared memory; 1 and 2 for the tiled layout only).
 TORCH_LIBRARY(ninfer, m) {
   m.def("nvfp4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
-        "bool tiled, bool pdl, int pipeline, bool glu) -> ()");
+        "bool tiled, bool pdl, int pipeline, bool glu) -> str");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
-        "bool pdl) -> ()");
+        "bool pdl) -> str");
 }
 
 TORCH_LIBRARY_IMPL(ninfer, CUDA, m) {
