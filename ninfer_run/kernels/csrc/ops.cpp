@@ -6,9 +6,9 @@
 #include <torch/library.h>
 
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
@@ -22,17 +22,26 @@ namespace {
 
 constexpr size_t kMaxParts = 3;  // quant_gemv_sm90.cu's
 
-// A refusal throws std::runtime_error, and each op catches what its body throws (its refusals, a c10::Error
-// from ATen) and returns the message ("" when it ran); cuda_ops raises it as a RuntimeError. No exception
-// leaves this library: on the H200 box's toolchain (a CXX wrapper whose link leaves libstdc++ out of the
-// .so's dependencies) an exception unwound out of its frames into torch's ended the process with SIGSEGV,
-// TORCH_CHECK's or our own, even in a CPU-only op; thrown and caught inside it works (stop 18 diagnostics).
+// A refusal throws std::runtime_error with a message built by string concatenation, and each op catches
+// what its body throws (its refusals, a c10::Error from ATen) and returns the message ("" when it ran);
+// cuda_ops raises it as a RuntimeError. Why (stop 18 on the H200): the box's CXX wrapper links libstdc++
+// into the .so statically, and there any std::ostringstream in this library ended the process with
+// SIGSEGV (TORCH_CHECK's message with a number in it builds one: c10::str). Diagnostics: a CPU-only op
+// crashed with TORCH_CHECK(false, "text ", 3) and with our ostringstream message even when caught inside,
+// and did not with TORCH_CHECK(false, "text") or a std::runtime_error of a literal, nor with the system
+// g++ (libstdc++ linked dynamically). So: no TORCH_CHECK, no streams, no exception out of this library.
+template <class T>
+std::string text(const T& value) {
+  if constexpr (std::is_arithmetic_v<T>) return std::to_string(value);
+  else return std::string(value);
+}
+
 template <class... Parts>
 void require(bool ok, const Parts&... parts) {
   if (ok) return;
-  std::ostringstream message;
-  (message << ... << parts);
-  throw std::runtime_error(message.str());
+  std::string message;
+  ((message += text(parts)), ...);
+  throw std::runtime_error(message);
 }
 
 // What both GEMVs require of x, the parts' row counts n and their outputs y[p] [M, n[p]] (a block takes
