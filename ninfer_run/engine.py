@@ -170,7 +170,6 @@ class Engine:
         self.media = media
         self.waiting: deque[tuple[Request, Result]] = deque()
         self.running: list[_Running] = []
-        self.results: dict[str, Result] = {}
         self.spec_stats = SpecStats()
         self._listeners: dict[str, Callable[[Result], None]] = {}
         self.on_finish: list[Callable[[Result], None]] = []  # observers of every finished result (metrics)
@@ -196,7 +195,6 @@ class Engine:
                             f"(--max-queued-requests {self.config.max_queued})")
         request.id = request.id or f"req-{next(self._ids)}"
         result = Result(request.id, prompt_tokens=len(request.prompt), submitted=self.clock())
-        self.results[request.id] = result
         if request.on_update is not None:
             self._listeners[request.id] = request.on_update
         self.waiting.append((request, result))
