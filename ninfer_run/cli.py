@@ -59,6 +59,9 @@ _SPEC_MAX_BATCH = typer.Option(1, "--spec-max-batch", min=1,
 _MAX_FRONTIERS = typer.Option(32, "--max-frontiers", help="prefix-cache frontiers kept (GDN snapshots)")
 _CUDA_GRAPHS = typer.Option(None, "--cuda-graphs/--no-cuda-graphs",
                             help="replay plain decode steps from CUDA graphs (default: on with a CUDA device)")
+_WARM_UP = typer.Option(None, "--warm-up/--no-warm-up",
+                        help="run a throwaway 2-chunk prompt before serving, so kernels compile and graphs are "
+                             "captured at start-up, not in the first request's TTFT (default: on with a CUDA device)")
 
 
 def _default_chunk(prefill_chunk: int | None, device: str) -> int:
@@ -158,6 +161,7 @@ def serve(
     spec_max_batch: int = _SPEC_MAX_BATCH,
     max_frontiers: int = _MAX_FRONTIERS,
     cuda_graphs: bool | None = _CUDA_GRAPHS,
+    warm_up: bool | None = _WARM_UP,
     api_key: str | None = typer.Option(None, "--api-key", envvar="NINFER_API_KEY", help="require this key"),
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="model id in the API"),
     device: str = typer.Option("cpu", "--device", help="cpu (pure-torch reference path) or cuda[:N] (GPU kernels)"),
@@ -208,6 +212,12 @@ def serve(
         engine = build_engine(loaded.model, config, media=support.media if support else None)
     except ValueError as err:
         _fail(str(err))
+    if warm_up if warm_up is not None else device.startswith("cuda"):
+        from .warmup import warm_up as run_warm_up
+
+        done = run_warm_up(engine, loaded.model.cfg.vocab_size)
+        typer.echo(f"warm-up: {done.prompt_tokens}-token prompt and {done.new_tokens} tokens in {done.seconds:.1f} s"
+                   if done else "warm-up: skipped (no room in the context)", err=True)
     vocab = chat.tokenizer.get_vocab()
     eos = [t for t in (chat.special_tokens.get("eos_token"), "<|im_end|>", "<|endoftext|>") if t in vocab]
     stop_ids = tuple(dict.fromkeys(vocab[t] for t in eos))

@@ -249,3 +249,43 @@ def test_speculative_engine_keeps_per_token_states_only_in_verify(model, monkeyp
     kept = [t for t, keep in calls if keep]
     assert kept and max(kept) <= 4  # verify forwards: the last token and up to 3 drafts
     assert {t for t, keep in calls if not keep} == {32, 6}  # the prompt's chunks (70 = 32 + 32 + 6)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_warm_up_runs_two_chunks_and_a_ragged_one_and_leaves_no_trace(model, graphs):
+    """The start-up request (ninfer_run/warmup.py): 2 chunks + 17 tokens and speculative steps, then an
+    engine indistinguishable from a fresh one: no frontier, every KV block free, statistics zeroed, and
+    the next request neither reuses anything nor decodes differently."""
+    from ninfer_run.kv.prefix import PrefixStats
+    from ninfer_run.spec import SpecStats
+    from ninfer_run.warmup import warm_up
+
+    engine = _engine(model, max_context=512, prefill_chunk=32, draft_tokens=2, cuda_graphs=graphs)
+    chunks = []
+    forward = engine.model.forward
+    engine.model.forward = lambda tokens, *a, **kw: (chunks.append(len(tokens)), forward(tokens, *a, **kw))[1]
+    try:
+        done = warm_up(engine, model.cfg.vocab_size)
+    finally:
+        engine.model.forward = forward
+    assert (done.prompt_tokens, done.new_tokens) == (2 * 32 + 17, 7)
+    assert chunks[:3] == [32, 32, 17]  # the prefill chunks (then the decode and verify forwards)
+    assert not engine.cache.frontiers and engine.cache.pool.free_blocks == engine.cache.pool.num_blocks
+    assert engine.mtp_pool.free_blocks == engine.mtp_pool.num_blocks
+    assert engine.cache.stats == PrefixStats() and engine.spec_stats == SpecStats()
+    prompt = _prompts(1, seed=3)[0]
+    result = engine.submit(Request(prompt, max_tokens=6))
+    engine.run_until_done()
+    assert result.cached_tokens == 0 and result.tokens == generate_greedy(model, torch.tensor(prompt), 6)
+
+
+def test_warm_up_fits_the_context_or_is_skipped(model):
+    from ninfer_run.warmup import warm_up
+
+    engine = _engine(model, max_context=40, prefill_chunk=16)  # room for 40 - 3 - 1 = 36 prompt tokens
+    assert warm_up(engine, model.cfg.vocab_size).prompt_tokens == 36
+    assert warm_up(_engine(model, max_context=4, prefill_chunk=16), model.cfg.vocab_size) is None
+    busy = _engine(model, max_context=256)
+    busy.submit(Request(_prompts(1)[0], max_tokens=4))
+    with pytest.raises(RuntimeError, match="idle engine"):
+        warm_up(busy, model.cfg.vocab_size)

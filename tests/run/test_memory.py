@@ -118,3 +118,17 @@ def test_vision_serving_checks(packed):
                                                  "--media-cache-mib", "256", "--media-live-mib", "512"]).output)
     assert vision["components"]["media buffers"] == 768 * MiB and plain["components"]["media buffers"] == 0
     assert vision["components"]["weights"] > plain["components"]["weights"]  # the tower's weights too
+
+
+def test_serve_warms_up_before_it_listens(packed, monkeypatch):
+    """--warm-up (the default on CUDA) runs its request between loading and listening, and says so."""
+    import uvicorn
+
+    listened = []
+    monkeypatch.setattr(uvicorn, "run", lambda server, **kw: listened.append(kw["port"]))
+    path = str(packed("tiny-qwen3.5", "nvfp4"))
+    r = CliRunner().invoke(app, ["serve", path, "--warm-up", "--max-context", "4096", "--prefill-chunk", "64"])
+    assert r.exit_code == 0 and "warm-up: 145-token prompt and 3 tokens in" in r.output, r.output
+    assert listened == [18080]
+    quiet = CliRunner().invoke(app, ["serve", path, "--max-context", "4096"])  # CPU: off by default
+    assert quiet.exit_code == 0 and "warm-up" not in quiet.output
