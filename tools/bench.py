@@ -16,9 +16,9 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - torch.profiler tables of 8 decode steps at C = 1 and at the largest C (decode_profile*.txt): where
     a token's time goes; with --profile-prefill N, one of an N-token prefill too (prefill_profile.txt);
   - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory);
-  - with --ab KNOB=VALUE (AB_KNOBS: pipeline=bulk, ...), decode each
-    concurrency again, with the knob as it is and then at VALUE (an A/B of adjacent runs: each decode
-    captures its own graphs).
+  - with --ab-pipeline NAME, decode each concurrency again, with the default pipeline and then with the
+    NVFP4 GEMV streaming its weights through NAME (cuda_ops.PIPELINE_NAMES; an A/B of adjacent runs: each
+    decode captures its own graphs).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
 difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import importlib
 import os
 import statistics
 import sys
@@ -341,24 +340,6 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
-# What --ab can change between adjacent decode runs: knob -> (module, its setting read at each launch, the
-# attribute listing the setting's values); modules imported when asked for (a Triton module needs a GPU).
-# (Stop 18 also had norm-trigger: the norm letting the GEMV start after its statistics; no gain, removed.)
-AB_KNOBS = {"pipeline": ("ninfer_run.kernels.cuda_ops", "PIPELINE", "PIPELINE_NAMES")}
-
-
-def ab_setting(text: str) -> tuple[str, str]:
-    """argparse type of --ab: "knob=value" -> (knob, value), both checked against AB_KNOBS."""
-    knob, _, value = text.partition("=")
-    if knob not in AB_KNOBS:
-        raise argparse.ArgumentTypeError(f"{text!r}: the knob is one of {sorted(AB_KNOBS)}")
-    module, _, values = AB_KNOBS[knob]
-    values = getattr(importlib.import_module(module), values)
-    if value not in values:
-        raise argparse.ArgumentTypeError(f"{text!r}: {knob} is one of {list(values)}")
-    return knob, value
-
-
 def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> None:
     """Decode rows into p["decode"]: C = 1 for every profile; for the first also every concurrency,
     a long context, MTP (real and forced acceptance) and the decode profiles (device time)."""
@@ -384,20 +365,18 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
             save()
             print(f"[{profile}] decode C={c} MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
                   f"accept {row['acceptance']}", flush=True)
-    for knob, value in args.ab:  # each concurrency with the knob as it is and then at `value`, back to back
-        module, name, _ = AB_KNOBS[knob]  # (adjacent runs: the machine's drift over the run stays out of the A/B)
-        module = importlib.import_module(module)
-        default = getattr(module, name)
+    if args.ab_pipeline:  # each concurrency with the GEMV's default pipeline and the other one, back to back
+        default = cuda_ops.PIPELINE  # (adjacent runs: the machine's drift over the run stays out of the A/B)
         try:
             for c in args.concurrency:
-                for setting in (default, value):
-                    setattr(module, name, setting)
-                    row = decode(model, c, args.new_tokens, 512) | {"variant": f"{knob} {setting}"}
+                for pipeline in (default, args.ab_pipeline):
+                    cuda_ops.PIPELINE = pipeline
+                    row = decode(model, c, args.new_tokens, 512) | {"variant": f"pipeline {pipeline}"}
                     p["decode"].append(row)
                     save()
-                    print(f"[{profile}] decode C={c} ({knob} {setting}): {row['tok_s']:.1f} tok/s", flush=True)
+                    print(f"[{profile}] decode C={c} (pipeline {pipeline}): {row['tok_s']:.1f} tok/s", flush=True)
         finally:
-            setattr(module, name, default)
+            cuda_ops.PIPELINE = default
     decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
     if model.has_mtp and not args.no_mtp:  # a speculative step's device and host time: head drafts and observe, verify
         decode(model, 1, 8, 512, draft_tokens=3, forced=True, profile_to=args.out / "decode_profile_mtp.txt")
@@ -421,9 +400,8 @@ def main() -> None:
     parser.add_argument("--no-decode", action="store_true", help="prefill figures only (no decode, MTP, profiles)")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers")
     parser.add_argument("--no-mtp", action="store_true", help="skip the speculative (MTP) figures")
-    parser.add_argument("--ab", type=ab_setting, action="append", default=[], metavar="KNOB=VALUE",
-                        help="also decode each concurrency with a knob changed (an A/B; repeatable): "
-                             "pipeline=ring|ring-staged-x|bulk|auto")
+    parser.add_argument("--ab-pipeline", choices=cuda_ops.PIPELINE_NAMES, default=None,
+                        help="also decode each concurrency with the NVFP4 GEMV's weights streamed this way (an A/B)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke

@@ -149,7 +149,7 @@ if PIPELINE not in PIPELINE_NAMES:
 
 def pipeline_for(rows: int, pipeline: str | None = None) -> str:
     """The pipeline a tiled NVFP4 GEMV of this many rows runs: `pipeline`, else PIPELINE as it is now
-    (tools/bench.py --ab pipeline=... changes it), "auto" resolved (the same for any rows since stop 18;
+    (tools/bench.py --ab-pipeline changes it), "auto" resolved (the same for any rows since stop 18;
     the rows stay in the signature, as the measured choice has depended on them)."""
     pipeline = PIPELINE if pipeline is None else pipeline
     return "ring-staged-x" if pipeline == "auto" else pipeline
@@ -180,7 +180,7 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
                      glu: bool = False) -> list[torch.Tensor]:
     """nvfp4_gemv of 1 to 3 weights (qweight, block_scale, global_scale) that read the same x, as one
     launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `pipeline`: one of PIPELINES
-    (tiled only), None: PIPELINE as it is at the call (tools/bench.py --ab pipeline=... flips it for a second
+    (tiled only), None: PIPELINE as it is at the call (tools/bench.py --ab-pipeline flips it for a second
     set of decode figures). `shape`: the pipeline's, as for their total N (gemv_shape, bulk_shape).
     `glu` (tiled, the bulk pipeline): the weights are gate and up of one N -> [SiLU(x @ gate^T) *
     (x @ up^T)], from the float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own)."""

@@ -53,13 +53,13 @@ std::tuple<int64_t, int64_t, std::vector<void*>> check_rows(const char* op, cons
   require(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), op, ": x contiguous bf16 on CUDA");
   require(M >= 1 && M <= 16 && K % 128 == 0, op, ": M in 1..16, K % 128 == 0");
   require(!n.empty() && n.size() <= kMaxParts && y.size() == (glu ? 1 : n.size()), op,
-              ": 1 to 3 weights, one y each (glu: gate and up, one y)");
+          ": 1 to 3 weights, one y each (glu: gate and up, one y)");
   require(!glu || (n.size() == 2 && n[0] == n[1]), op, ": glu takes gate and up of one N");
   std::vector<void*> out;
   for (size_t p = 0; p < y.size(); ++p) {
     require(n[p] > 0 && n[p] % 16 == 0, op, ": each weight's N % 16 == 0");
     require(y[p].scalar_type() == at::kBFloat16 && y[p].is_contiguous() && y[p].dim() == 2 && y[p].size(0) == M &&
-                    y[p].size(1) == n[p], op, ": each y bf16 [M, its weight's N]");
+                y[p].size(1) == n[p], op, ": each y bf16 [M, its weight's N]");
     out.push_back(y[p].data_ptr());
   }
   return {M, K, out};
@@ -99,9 +99,9 @@ void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale
   std::vector<const float*> s2p;
   for (size_t p = 0; p < q.size(); ++p) {
     require(q[p].scalar_type() == at::kByte && q[p].is_contiguous() && q[p].numel() == n[p] * K / 2 &&
-                    (tiled || q[p].size(1) * 2 == K), "q: u8 [N, K/2] (or tiled: [N/16, K/128, 1024])");
+                (tiled || q[p].size(1) * 2 == K), "q: u8 [N, K/2] (or tiled: [N/16, K/128, 1024])");
     require(scale[p].element_size() == 1 && scale[p].is_contiguous() && scale[p].numel() == n[p] * K / 16,
-                "scale: e4m3 [N, K/16] (or tiled, as many bytes)");
+            "scale: e4m3 [N, K/16] (or tiled, as many bytes)");
     require(s2[p].scalar_type() == at::kFloat && s2[p].numel() == 1 && s2[p].is_cuda(), "s2: one float32 on CUDA");
     check_aligned("nvfp4_gemv", q[p]);
     check_aligned("nvfp4_gemv", scale[p]);
@@ -132,11 +132,11 @@ void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
   for (size_t p = 0; p < q.size(); ++p) {
     require(q[p].scalar_type() == at::kInt && q[p].is_contiguous() && q[p].size(1) * 8 == K, "q: i32 [N, K/8]");
     require(scale[p].scalar_type() == at::kBFloat16 && scale[p].is_contiguous() && scale[p].dim() == 2 && scale[p].size(0) == n[p] &&
-                    scale[p].size(1) == K / 128, "scale: bf16 [N, K/128] (group 128)");
+                scale[p].size(1) == K / 128, "scale: bf16 [N, K/128] (group 128)");
     const std::optional<at::Tensor> z = zero.get(p);
     if (z.has_value())
       require(z->scalar_type() == at::kInt && z->is_contiguous() && z->dim() == 2 && z->size(0) == n[p] / 8 &&
-                      z->size(1) == K / 128, "zero: i32 [N/8, K/128]");
+                  z->size(1) == K / 128, "zero: i32 [N/8, K/128]");
     check_aligned("int4_gemv", q[p]);
     qp.push_back(q[p].data_ptr());
     sp.push_back(scale[p].data_ptr());
