@@ -29,7 +29,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv
 for stage in $stages; do
     case $stage in
         tests) timeout ${TESTS_S:-300} python3 -m pytest -m gpu -q -rs -p no:cacheprovider --ignore=tests/server ${TESTS_ARGS:-} 2>&1 \
-                   | tee "$OUT/pytest_gpu.log" | grep -E "^(FAILED|ERROR)|passed|failed" ;;
+                   | tee "$OUT/pytest_gpu.log" | grep -E "^(FAILED|ERROR)|passed|failed"
+               # (a stage cut by its limit prints no summary: say so, with the progress line it reached)
+               [ "${PIPESTATUS[0]}" = 124 ] && echo "tests: stopped at TESTS_S=${TESTS_S:-300} s: $(grep -E '^[.FEsxX]+' "$OUT/pytest_gpu.log" | tail -1)" ;;
         quant) timeout ${QUANT_S:-120} python3 tools/bench_quant.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_quant.log" ;;
         gemv) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gemv-only --out "$OUT" 2>&1 | tee "$OUT/bench_gemv.log" | grep gemv | cut -c1-220 ;;
         floor) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --floor-sweep --out "$OUT" 2>&1 | tee "$OUT/bench_floor.log" | grep floor ;;
