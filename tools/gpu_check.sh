@@ -9,7 +9,7 @@
 #   chain   tools/bench_kernels.py --chain: the MLP block in a CUDA graph, GEMVs apart / grouped / PDL
 #   kernels tools/bench_kernels.py: each kernel vs the roofline and its bf16 peer
 #   bench   tools/bench.py: the full-size qwen3.8-27b through the engine vs transformers
-#   sass    the engine's NVFP4 GEMV (tiled, M <= 8, 8 warps, depth 2) disassembled: gemv_sass.txt and
+#   sass    the engine's NVFP4 GEMV (tiled, M <= 8, 8 warps, depth 2, x staged) disassembled: gemv_sass.txt and
 #           its instruction counts by opcode (what the arithmetic costs per tile)
 # JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [kernels] [bench] [sass]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; BENCH_ARGS are passed
@@ -19,7 +19,7 @@ OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stages=${*:-tests quant kernels bench}
-GEMV_SYMBOL=_ZN11ninfer_sm904gemvINS_10Nvfp4TiledELb0ELi8ELi2ELb1ELb0EEEvPK13__nv_bfloat16NS_5PartsINT_4ArgsEEEii
+GEMV_SYMBOL=_ZN11ninfer_sm904gemvINS_10Nvfp4TiledELb0ELi8ELi2ELb1ELb1ELi1EEEvPK13__nv_bfloat16NS_5PartsINT_4ArgsEEEii
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

@@ -90,13 +90,15 @@ def test_cuda_gemv_matches_reference(m, n, kk):
 @pytest.mark.parametrize("pdl", [True, False])
 def test_cuda_gemv_group_gives_each_weight_its_own_product(m, pdl):
     """Up to three weights of unequal N in one launch (the blocks of each part find their weight,
-    scales and global scale): each output is its own reference's, tiled and row-major."""
+    scales and global scale): each output is its own reference's, tiled and row-major, in every pipeline
+    (1040 rows = 65 strips: with 4 strips a block, a block takes strips of two parts, and the last one
+    strip of the 481)."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
         pytest.skip("no sm_90 GPU or the extension did not build")
     kk = 5120
-    weights = [_weight(n, kk, n) for n in (6144, 1024, 528)]
+    weights = [_weight(n, kk, n) for n in (6144, 1040, 528)]
     weights[1] = (weights[1][0], weights[1][1], weights[1][2] * 3)  # global scales differ per part
     x = torch.randn(m, kk, generator=torch.Generator().manual_seed(m)).to(DEVICE, DTYPE)
     for count in (2, 3):
@@ -104,8 +106,8 @@ def test_cuda_gemv_group_gives_each_weight_its_own_product(m, pdl):
         refs = [k.reference(x, *w) for w in group]
         tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2) for q, s8, s2 in group]
         for outs in (cuda_ops.nvfp4_gemv_group(x, group, pdl=pdl),
-                     cuda_ops.nvfp4_gemv_group(x, tiled, tiled=True, pdl=pdl, pipeline="ring"),
-                     cuda_ops.nvfp4_gemv_group(x, tiled, tiled=True, pdl=pdl, pipeline="bulk")):
+                     *(cuda_ops.nvfp4_gemv_group(x, tiled, tiled=True, pdl=pdl, pipeline=pipeline)
+                       for pipeline in cuda_ops.PIPELINES)):
             assert len(outs) == count
             for out, ref in zip(outs, refs):
                 assert out.shape == ref.shape and rounded_once(out, ref)
@@ -172,9 +174,12 @@ def test_cuda_gemv_refusal_is_an_error_not_a_crash():
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 # (4, 1024, 6144): x is 48 KB, the most staged x there is, so with the partial sums it takes the plain ring
 # (it crashed the bench at C = 4 while the partials were not counted); (8, 512, 5120): x 80 KB, the plain ring
-@pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (3, 6144, 5120), (8, 1024, 2048), (4, 1024, 6144), (8, 512, 5120)])
-def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk):
-    """csrc's kRingStagedX (x copied to shared memory by each block; the default since stop 18): the same products."""
+@pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (3, 6144, 5120), (8, 1024, 2048), (4, 1024, 6144), (8, 512, 5120),
+                                    (2, 1040, 5120)])
+@pytest.mark.parametrize("pipeline", ["ring-staged-x", "ring-staged-x-4strips"])
+def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk, pipeline):
+    """csrc's kStagedX (x copied to shared memory by each block; the default since stop 18), and with 4
+    strips of 16 rows a block (an experiment; 1040 rows: the last block has one): the same products."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
@@ -184,12 +189,12 @@ def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk):
     ref = k.reference(x, q, s8, s2)
     tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2)]
     for shape in sorted(cuda_ops.GEMV_SHAPES):
-        (out,) = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, pipeline="ring-staged-x")
+        (out,) = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, pipeline=pipeline)
         assert rounded_once(out, ref), shape
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
-@pytest.mark.parametrize("pipeline", ["ring", "ring-staged-x", "bulk"])
+@pytest.mark.parametrize("pipeline", ["ring", "ring-staged-x", "bulk", "ring-staged-x-4strips"])
 def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x(pipeline):
     """A GEMV launched as a programmatic dependent starts while the kernel before it runs (the norm lets
     it: kernels/common.launch_dependents) and streams weights; it must read x only after that kernel's
