@@ -364,7 +364,9 @@ __device__ __forceinline__ int strip_count(const Parts<Args>& parts) {
 // pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
 // each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path; with
 // kStrips > 1 it copies x once for several strips (gate+up at M = 1: 2,176 blocks each copied x's 10 KB,
-// 22 MB through L2 for 100 MB of weights) and a grid of ~one wave has no block churn.
+// 22 MB through L2 for 100 MB of weights) and a grid of ~one wave has no block churn. (Its 8-warp, depth-2
+// kernel spills 24 bytes in the loop at ptxas's 64 registers; a minimum-blocks bound in __launch_bounds__
+// would stop that but changes the default kernels' register choice too: 64 -> 100 at 8 warps.)
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, int kStrips>
 __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x,
                                                       const Parts<typename Codec::Args> parts, int M, int K) {
