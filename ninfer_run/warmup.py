@@ -30,7 +30,8 @@ class WarmUp:
 def warm_up(engine: Engine, vocab_size: int) -> WarmUp | None:
     """Run two full prefill chunks, a ragged third and a few decode steps through an idle engine, then
     leave no trace: no prefix-cache frontier (its blocks go back to the pool), zeroed prefix-cache and
-    speculation statistics (what /metrics reports). None where the context cannot hold one chunk and the decode steps."""
+    speculation statistics (what /metrics reports). A context too small for that takes a shorter prompt;
+    None where it has no room for one."""
     if engine.running or engine.waiting:
         raise RuntimeError("warm_up needs an idle engine (it clears the prefix cache)")
     config = engine.config

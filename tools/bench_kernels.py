@@ -134,7 +134,7 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                 bf = _copies(lambda: torch.randn(k, n, device=device, dtype=torch.bfloat16), 2 * n * k)
                 if cuda:  # the engine's: NVFP4 in the tiled layout (loader), each pipeline and shape, the default
                     tiled = [(*cuda_ops.tile_nvfp4(q, s), s2) for q, s, s2 in nv]
-                    pipeline = cuda_ops.pipeline_for(m)
+                    pipeline = cuda_ops.pipeline_for()
                     shape = cuda_ops.nvfp4_shape(pipeline, n, k, x.device)
                     row["default_shape"] = f"{pipeline} {shape[0]}x{shape[1]}"
                     row["nvfp4_shapes_us"] = {

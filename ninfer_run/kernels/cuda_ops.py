@@ -149,10 +149,9 @@ if PIPELINE not in PIPELINE_NAMES:
     raise ValueError(f"NINFER_GEMV_PIPELINE={PIPELINE!r}: one of {PIPELINE_NAMES}")
 
 
-def pipeline_for(rows: int, pipeline: str | None = None) -> str:
-    """The pipeline a tiled NVFP4 GEMV of this many rows runs: `pipeline`, else PIPELINE as it is now
-    (tools/bench.py --ab-pipeline changes it), "auto" resolved (the same for any rows since stop 18;
-    the rows stay in the signature, as the measured choice has depended on them)."""
+def pipeline_for(pipeline: str | None = None) -> str:
+    """The pipeline a tiled NVFP4 GEMV runs: `pipeline`, else PIPELINE as it is now (tools/bench.py
+    --ab-pipeline changes it), "auto" resolved (the same for any rows since stop 18)."""
     pipeline = PIPELINE if pipeline is None else pipeline
     return "ring-staged-x" if pipeline == "auto" else pipeline
 
@@ -186,7 +185,7 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
     set of decode figures). `shape`: the pipeline's, as for their total N (gemv_shape, bulk_shape).
     `glu` (tiled, the bulk pipeline): the weights are gate and up of one N -> [SiLU(x @ gate^T) *
     (x @ up^T)], from the float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own)."""
-    pipeline = pipeline_for(x.shape[0], pipeline) if tiled else "ring"
+    pipeline = pipeline_for(pipeline) if tiled else "ring"
     if glu and (pipeline != "bulk" or len(weights) != 2):
         raise ValueError(f"glu: gate and up in the bulk pipeline (tiled), not {len(weights)} weights in {pipeline!r}")
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]

@@ -165,8 +165,7 @@ std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scal
 }  // namespace
 
 // One launch for 1 to 3 weights that read the same x, each into its own y [M, N] -> "" or why not (guarded);
-// glu (NVFP4, tiled, the
-// bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
+// glu (NVFP4, tiled, the bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
 // its weights (quant_gemv_sm90.cu's Pipeline: 0 register ring, 1 ring with x staged in shared memory,
 // 2 bulk copies through shared memory; 1 and 2 for the tiled layout only).
