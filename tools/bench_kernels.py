@@ -351,7 +351,7 @@ def mlp_chain(device: str) -> list[dict]:
     weights in one CUDA graph, as the engine's decode graphs replay it (M = 1), launched each way: the
     three GEMVs apart, gate and up as one launch (grouped), and grouped as programmatic dependent launches
     (pdl), without the norm and SiLU-mul kernels between (GEMVs alone), with x staged in shared memory
-    (ring-staged-x, and with 4 strips of rows a block), and the bulk pipeline in each of its shapes and with gate, up and
+    (ring-staged-x, the engine's default), and the bulk pipeline in each of its shapes and with gate, up and
     SiLU-mul as one launch (glu); beside it a flat read of the
     same weight bytes, one launch per weight (tools/csrc/gemv_read_floor.cu), in the same graph form:
     what a chain of memory-bound launches can reach."""
@@ -397,7 +397,6 @@ def mlp_chain(device: str) -> list[dict]:
                 "grouped+pdl": lambda w: block(w, True, True),
                 "GEMVs alone": lambda w: block(w, True, True, small_ops=False), "flat read": reads,
                 "grouped+pdl staged x": lambda w: block(w, True, True, pipeline="ring-staged-x"),
-                "grouped+pdl staged x, 4 strips a block": lambda w: block(w, True, True, pipeline="ring-staged-x-4strips"),
                 "bulk grouped": lambda w: block(w, True, False, pipeline="bulk"),
                 "bulk GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="bulk"),
                 "bulk glu+pdl": lambda w: block(w, True, True, pipeline="bulk", glu=True),

@@ -19,7 +19,7 @@ OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stages=${*:-tests quant kernels bench}
-GEMV_SYMBOL=_ZN11ninfer_sm904gemvINS_10Nvfp4TiledELb0ELi8ELi2ELb1ELb1ELi1EEEvPK13__nv_bfloat16NS_5PartsINT_4ArgsEEEii
+GEMV_SYMBOL=_ZN11ninfer_sm904gemvINS_10Nvfp4TiledELb0ELi8ELi2ELb1ELb1EEEvPK13__nv_bfloat16NS_5PartsINT_4ArgsEEEii
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

@@ -139,10 +139,8 @@ PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependen
 # with the partial sums, else the plain ring), "bulk" (a producer warp streams each block's rows through
 # shared memory with bulk asynchronous copies; gate, up and SiLU-mul can share its launch), or "auto":
 # ring-staged-x (in adjacent engine runs on the H200 it beat bulk + GLU at C = 1 by 2-3% and the ring at
-# C = 2 and 4 by 3%: tools/results/gpu_notes.md, stop 18). "ring-staged-x-4strips" (an experiment, not yet
-# run on a GPU): the same with each block taking 4 strips of 16 rows, x staged once for the four.
-# The row-major layout has the ring only.
-PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2, "ring-staged-x-4strips": 3}
+# C = 2 and 4 by 3%: tools/results/gpu_notes.md, stop 18). The row-major layout has the ring only.
+PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2}
 PIPELINE_NAMES = (*PIPELINES, "auto")
 PIPELINE = os.environ.get("NINFER_GEMV_PIPELINE", "auto")
 if PIPELINE not in PIPELINE_NAMES:

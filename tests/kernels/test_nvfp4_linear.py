@@ -91,8 +91,7 @@ def test_cuda_gemv_matches_reference(m, n, kk):
 def test_cuda_gemv_group_gives_each_weight_its_own_product(m, pdl):
     """Up to three weights of unequal N in one launch (the blocks of each part find their weight,
     scales and global scale): each output is its own reference's, tiled and row-major, in every pipeline
-    (1040 rows = 65 strips: with 4 strips a block, a block takes strips of two parts, and the last one
-    strip of the 481)."""
+    (1040 rows: a part whose strip count is odd)."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
@@ -176,10 +175,8 @@ def test_cuda_gemv_refusal_is_an_error_not_a_crash():
 # (it crashed the bench at C = 4 while the partials were not counted); (8, 512, 5120): x 80 KB, the plain ring
 @pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (3, 6144, 5120), (8, 1024, 2048), (4, 1024, 6144), (8, 512, 5120),
                                     (2, 1040, 5120)])
-@pytest.mark.parametrize("pipeline", ["ring-staged-x", "ring-staged-x-4strips"])
-def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk, pipeline):
-    """csrc's kStagedX (x copied to shared memory by each block; the default since stop 18), and with 4
-    strips of 16 rows a block (an experiment; 1040 rows: the last block has one): the same products."""
+def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk):
+    """csrc's kRingStagedX (x copied to shared memory by each block; the default since stop 18): the same products."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
@@ -189,12 +186,12 @@ def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk, pi
     ref = k.reference(x, q, s8, s2)
     tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2)]
     for shape in sorted(cuda_ops.GEMV_SHAPES):
-        (out,) = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, pipeline=pipeline)
+        (out,) = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, pipeline="ring-staged-x")
         assert rounded_once(out, ref), shape
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
-@pytest.mark.parametrize("pipeline", ["ring", "ring-staged-x", "bulk", "ring-staged-x-4strips"])
+@pytest.mark.parametrize("pipeline", ["ring", "ring-staged-x", "bulk"])
 def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x(pipeline):
     """A GEMV launched as a programmatic dependent starts while the kernel before it runs (the norm lets
     it: kernels/common.launch_dependents) and streams weights; it must read x only after that kernel's

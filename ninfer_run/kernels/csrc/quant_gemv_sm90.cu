@@ -325,9 +325,8 @@ __device__ __forceinline__ void store_partial(float (&partial)[kHighTokens ? 2 :
 // float32 from the sums (each with its own output scale), rounded once.
 template <class Codec, bool kHighTokens, int kWarps, bool kGlu>
 __device__ __forceinline__ void write_rows(const float (&partial)[kWarps][kHighTokens ? 2 : 1][4][32],
-                                           const Parts<typename Codec::Args>& parts, int strip, int n0, int M,
-                                           int lane) {
-  const int part = kGlu ? 0 : part_of(parts, strip);  // (recomputed: nothing part-dependent stays live)
+                                           const Parts<typename Codec::Args>& parts, int n0, int M, int lane) {
+  const int part = kGlu ? 0 : part_of(parts, blockIdx.x);  // (recomputed: nothing part-dependent stays live)
   const float out_scale = Codec::out_scale(pick(parts.args, part));
   const float up_scale = kGlu ? Codec::out_scale(parts.args[1]) : 0.f;
   __nv_bfloat16* y = pick(parts.y, part);
@@ -349,97 +348,73 @@ __device__ __forceinline__ void write_rows(const float (&partial)[kWarps][kHighT
     }
 }
 
-// The parts' 16-row strips: a grid of that many blocks, or of that / kStrips (rounded up).
-template <class Args>
-__device__ __forceinline__ int strip_count(const Parts<Args>& parts) {
-  int strips = 0;
-#pragma unroll
-  for (int p = 0; p < kMaxParts; ++p)
-    if (parts.first_block[p] != INT_MAX) strips = parts.first_block[p] + parts.rows[p] / 16;
-  return strips;
-}
-
-// kWarps warps per block (see the top), each block kStrips consecutive 16-row strips of the parts (one
-// block per strip but in ring-staged-x-4strips, an experiment). kStagedX (ring-staged-x, the engine's
-// pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
-// each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path; with
-// kStrips > 1 it copies x once for several strips (gate+up at M = 1: 2,176 blocks each copied x's 10 KB,
-// 22 MB through L2 for 100 MB of weights) and a grid of ~one wave has no block churn. (Its 8-warp, depth-2
-// kernel spills 24 bytes in the loop at ptxas's 64 registers; a minimum-blocks bound in __launch_bounds__
-// would stop that but changes the default kernels' register choice too: 64 -> 100 at 8 warps.)
-template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, int kStrips>
+// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (ring-staged-x, the
+// engine's pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
+// each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
 __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x,
                                                       const Parts<typename Codec::Args> parts, int M, int K) {
   extern __shared__ uint4 x_staged[];  // kStagedX: M * K bf16
-  __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
   using RowAux = typename Codec::RowAux;
   asm volatile("griddepcontrol.launch_dependents;");
+  const int part = part_of(parts, blockIdx.x);
+  const uint8_t* q = pick(parts.q, part);
+  const typename Codec::Args args = pick(parts.args, part);
+  const int block = blockIdx.x - pick(parts.first_block, part);  // within the part
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int tiles = K / kTileK;
+  const int n0 = block * 16, tiles = K / kTileK;
   const int steps = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;  // this warp's K tiles
-  const int strips = kStrips == 1 ? 0 : strip_count(parts);
-  const __nv_bfloat16* xs = x;
-  for (int strip_i = 0; strip_i < kStrips; ++strip_i) {
-    const int strip = blockIdx.x * kStrips + strip_i;
-    if (kStrips > 1 && strip >= strips) break;  // (the same for the whole block)
-    const int part = part_of(parts, strip);
-    const uint8_t* q = pick(parts.q, part);
-    const typename Codec::Args args = pick(parts.args, part);
-    const int block = strip - pick(parts.first_block, part);  // within the part
-    const int n0 = block * 16;
-    // row-major: + 64 bytes per K tile; tiled (see tile): each (16 rows, 128 K) tile is 1 KB, lane order
-    const uint8_t* wg_lane = kTiled ? q + (size_t)block * tiles * 1024 + 16 * lane
-                                    : q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile
-    const uint8_t* wh_lane = kTiled ? wg_lane + 512 : wg_lane + (size_t)8 * (K / 2);
-    constexpr int kStride = kTiled ? 1024 : 64;
-    constexpr int kRing = kDepth + 1;  // a slot more than in flight: the refill of step j goes to the slot
-                                       // step j - 1 consumed, so each slot keeps its registers (no copies)
-    uint4 wg[kRing], wh[kRing];
-    RowAux ag[kRing], ah[kRing];
+  // row-major: + 64 bytes per K tile; tiled (see tile): each (16 rows, 128 K) tile is 1 KB, lane order
+  const uint8_t* wg_lane = kTiled ? q + (size_t)block * tiles * 1024 + 16 * lane
+                                  : q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile
+  const uint8_t* wh_lane = kTiled ? wg_lane + 512 : wg_lane + (size_t)8 * (K / 2);
+  constexpr int kStride = kTiled ? 1024 : 64;
+  constexpr int kRing = kDepth + 1;  // a slot more than in flight: the refill of step j goes to the slot step
+                                     // j - 1 consumed, so each slot keeps its registers (no copies)
+  uint4 wg[kRing], wh[kRing];
+  RowAux ag[kRing], ah[kRing];
 #pragma unroll
-    for (int i = 0; i < kDepth; ++i) {
-      if (i < steps) {
-        const int kt = warp + i * kWarps;
-        wg[i] = load_stream(wg_lane + (size_t)kt * kStride);
-        wh[i] = load_stream(wh_lane + (size_t)kt * kStride);
-        load_rows<Codec, kTiled>(ag[i], ah[i], args, n0, K, kt, g, c);
-      }
+  for (int i = 0; i < kDepth; ++i) {
+    if (i < steps) {
+      const int kt = warp + i * kWarps;
+      wg[i] = load_stream(wg_lane + (size_t)kt * kStride);
+      wh[i] = load_stream(wh_lane + (size_t)kt * kStride);
+      load_rows<Codec, kTiled>(ag[i], ah[i], args, n0, K, kt, g, c);
     }
-    if (strip_i == 0) {
-      asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
-      if constexpr (kStagedX) {
-        const uint4* rows = reinterpret_cast<const uint4*>(x);
-        for (int i = threadIdx.x; i < M * K / 8; i += kWarps * 32) x_staged[i] = __ldg(rows + i);
-        __syncthreads();
-        xs = reinterpret_cast<const __nv_bfloat16*>(x_staged);
-      }
-    }
-    float d[2][2][4] = {};
-    for (int s = 0; s < steps; s += kRing) {
-#pragma unroll
-      for (int i = 0; i < kRing; ++i) {
-        if (s + i < steps) {
-          const int kt = warp + (s + i) * kWarps;
-          if (s + i + kDepth < steps) {  // the tile kDepth steps ahead, into the slot the last step freed
-            const int slot = (i + kDepth) % kRing;  // (a constant: the loop is unrolled)
-            const int next = kt + kDepth * kWarps;
-            wg[slot] = load_stream(wg_lane + (size_t)next * kStride);
-            wh[slot] = load_stream(wh_lane + (size_t)next * kStride);
-            load_rows<Codec, kTiled>(ag[slot], ah[slot], args, n0, K, next, g, c);
-          }
-          const int k0 = kt * kTileK + 32 * c;
-          uint4 xl[4], xh[4];
-          load_x<kStagedX>(xl, xs, g, M, K, k0);
-          if (kHighTokens) load_x<kStagedX>(xh, xs, g + 8, M, K, k0);
-          Codec::template tile<kHighTokens>(d, wg[i], wh[i], ag[i], ah[i], xl, xh);
-        }
-      }
-    }
-    store_partial<kHighTokens>(partial[warp], d, lane);
-    __syncthreads();
-    if (warp == 0) write_rows<Codec, kHighTokens, kWarps, false>(partial, parts, strip, n0, M, lane);
-    if (kStrips > 1) __syncthreads();  // the next strip's partials overwrite these
   }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
+  const __nv_bfloat16* xs = x;
+  if constexpr (kStagedX) {
+    const uint4* rows = reinterpret_cast<const uint4*>(x);
+    for (int i = threadIdx.x; i < M * K / 8; i += kWarps * 32) x_staged[i] = __ldg(rows + i);
+    __syncthreads();
+    xs = reinterpret_cast<const __nv_bfloat16*>(x_staged);
+  }
+  float d[2][2][4] = {};
+  for (int s = 0; s < steps; s += kRing) {
+#pragma unroll
+    for (int i = 0; i < kRing; ++i) {
+      if (s + i < steps) {
+        const int kt = warp + (s + i) * kWarps;
+        if (s + i + kDepth < steps) {  // the tile kDepth steps ahead, into the slot the last step freed
+          const int slot = (i + kDepth) % kRing;  // (a constant: the loop is unrolled)
+          const int next = kt + kDepth * kWarps;
+          wg[slot] = load_stream(wg_lane + (size_t)next * kStride);
+          wh[slot] = load_stream(wh_lane + (size_t)next * kStride);
+          load_rows<Codec, kTiled>(ag[slot], ah[slot], args, n0, K, next, g, c);
+        }
+        const int k0 = kt * kTileK + 32 * c;
+        uint4 xl[4], xh[4];
+        load_x<kStagedX>(xl, xs, g, M, K, k0);
+        if (kHighTokens) load_x<kStagedX>(xh, xs, g + 8, M, K, k0);
+        Codec::template tile<kHighTokens>(d, wg[i], wh[i], ag[i], ah[i], xl, xh);
+      }
+    }
+  }
+  __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
+  store_partial<kHighTokens>(partial[warp], d, lane);
+  __syncthreads();
+  if (warp == 0) write_rows<Codec, kHighTokens, kWarps, false>(partial, parts, n0, M, lane);
 }
 
 // The bulk-copy pipeline (tiled NVFP4). In the kernel above a warp's next loads wait for its arithmetic
@@ -582,16 +557,15 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
   store_partial<kHighTokens>(partial[warp], d, lane);
   asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");  // the consumers (the producer has left)
-  if (warp == 0) write_rows<Nvfp4Tiled, kHighTokens, kWarps, kGlu>(partial, parts, blockIdx.x, block * 16, M, lane);
+  if (warp == 0) write_rows<Nvfp4Tiled, kHighTokens, kWarps, kGlu>(partial, parts, block * 16, M, lane);
 }
 
 constexpr int kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a kernel gets without an opt-in
 
 // How a launch streams its weights (ops.cpp's `pipeline`): the register ring, the ring with x staged
-// in shared memory (tiled NVFP4, M <= 8, x and the partial sums within 48 KB; else the plain ring), the
-// bulk-copy pipeline (tiled NVFP4 only), the staged ring with 4 strips a block (an experiment, stop 18).
-enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingStagedX4Strips = 3 };
-constexpr int kStagedStrips = 4;
+// in shared memory (tiled NVFP4, M <= 8, x and the partial sums within 48 KB; else the plain ring), the bulk-copy pipeline
+// (tiled NVFP4 only).
+enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2 };
 
 struct Launch {  // cudaLaunchKernelEx's configuration, with or without programmatic dependent launch
   cudaLaunchAttribute attribute{};
@@ -616,20 +590,14 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
     // x and the kernel's static partial sums within the 48 KB a block gets without an opt-in (o_proj's
     // K = 6144 at M = 4 is exactly 48 KB of x: that launch failed until the partials were counted)
     constexpr int kPartialBytes = sizeof(float[kWarps][4][32]);
-    const bool staged = pipeline == kRingStagedX || pipeline == kRingStagedX4Strips;
-    if (staged && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
-      if (pipeline == kRingStagedX4Strips) {
-        Launch l((blocks + kStagedStrips - 1) / kStagedStrips, kWarps * 32, M * K * 2, pdl, stream);
-        return cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, true, kStagedStrips>, xb, parts,
-                                  M, K);
-      }
+    if (pipeline == kRingStagedX && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
       Launch l(blocks, kWarps * 32, M * K * 2, pdl, stream);
-      return cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, true, 1>, xb, parts, M, K);
+      return cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, true>, xb, parts, M, K);
     }
   }
   Launch l(blocks, kWarps * 32, 0, pdl, stream);
-  return M > 8 ? cudaLaunchKernelEx(&l.config, gemv<Codec, true, kWarps, kDepth, kTiled, false, 1>, xb, parts, M, K)
-               : cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, false, 1>, xb, parts, M, K);
+  return M > 8 ? cudaLaunchKernelEx(&l.config, gemv<Codec, true, kWarps, kDepth, kTiled, false>, xb, parts, M, K)
+               : cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, false>, xb, parts, M, K);
 }
 
 template <int kWarps, int kStages, bool kGlu>
