@@ -28,12 +28,14 @@ so a run cut short keeps what it measured; PNG and a table of ratios last.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import os
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -52,6 +54,7 @@ from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
 from ninfer_run.memory import ModelShape, plan  # noqa: E402
 from ninfer_run.models import model_class  # noqa: E402
 from ninfer_run.sampling import SamplingParams  # noqa: E402
+from ninfer_run.warmup import warm_up  # noqa: E402
 
 from bench_common import write_results  # noqa: E402
 
@@ -125,10 +128,14 @@ def _profiled(run, profile_to: Path | None) -> None:
                           + ops.table(sort_by="self_cpu_time_total", row_limit=30))
 
 
-def _triton_kernels_cached() -> int:
-    """Compiled Triton kernels in its cache directory: a timed run that adds some compiled during the timing."""
+def _triton_kernels_cached() -> dict[str, str]:
+    """Compiled Triton kernels in its cache directory (entry -> kernel name): a timed run that adds some
+    compiled during the timing, and which."""
     cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
-    return sum(1 for _ in cache.iterdir()) if cache.is_dir() else 0
+    if not cache.is_dir():
+        return {}
+    return {entry.name: next((f.stem for f in entry.glob("*.json") if not f.name.startswith("__grp__")), "?")
+            for entry in cache.iterdir()}
 
 
 def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None = None) -> dict:
@@ -141,7 +148,24 @@ def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None =
     del engine
     gc.collect()
     return {"tokens": tokens, "chunk": chunk, "ttft_s": ttft, "tok_s": tokens / ttft,
-            "triton_compiled": _triton_kernels_cached() - cached}
+            **_compiled_since(cached)}
+
+
+def server_warm_up(model, chunk: int) -> dict:
+    """ninfer_run.warmup on an engine of the server's defaults (graphs on CUDA) with this prefill chunk."""
+    engine = build_engine(model, EngineConfig(max_context=2 * chunk + 256, prefill_chunk=chunk, max_frontiers=1))
+    cached = _triton_kernels_cached()
+    done = warm_up(engine, model.cfg.vocab_size)
+    _sync()
+    del engine
+    gc.collect()
+    return {**dataclasses.asdict(done), **_compiled_since(cached)}
+
+
+def _compiled_since(cached: dict[str, str]) -> dict:
+    """How many Triton kernels were compiled since `cached` was listed, and each one's name and count."""
+    names = Counter(name for entry, name in _triton_kernels_cached().items() if entry not in cached)
+    return {"triton_compiled": sum(names.values()), "triton_compiled_kernels": dict(names)}
 
 
 def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: int = 0, forced: bool = False,
@@ -434,18 +458,19 @@ def main() -> None:
         p["kv_capacity"] = kv_capacity(model, entry, config, weights, device)
         save()
         flops = model_flops_per_token(model)
-        # warm-up: compiles every kernel, so two chunks (the second attends to the first's KV: other kernels);
-        # with one (an 8K warm-up before a 100K run, until stop 18) the timed 100K compiled them: 26-29 s, not 17
-        warm = prefill(model, min(2 * args.chunk, max(args.prefill)), args.chunk, seed=99)
-        print(f"[{profile}] warm-up prefill {warm['tokens']}: {warm['ttft_s']:.2f} s, "
-              f"{warm['triton_compiled']} Triton kernels compiled", flush=True)
+        # warm-up: the server's own (ninfer-run serve --warm-up), so each timed prefill's compiles say
+        # what a served first prompt would still compile
+        warm = server_warm_up(model, args.chunk)
+        p["warm_up"] = warm
+        print(f"[{profile}] server warm-up ({warm['prompt_tokens']} tokens, {warm['new_tokens']} generated): "
+              f"{warm['seconds']:.2f} s, {warm['triton_compiled']} Triton kernels compiled", flush=True)
         for tokens in args.prefill if n == 0 else args.prefill[:1]:  # later profiles: the 8K point (device time)
             row = prefill(model, tokens, args.chunk, seed=tokens)
             row["of_flop_ceiling"] = flops * row["tok_s"] / (ceil["bf16_TFLOP_s"] * 1e12)
             p["prefill"].append(row)
             save()
             print(f"[{profile}] prefill {tokens}: {row['ttft_s']:.2f} s ({row['triton_compiled']} Triton kernels "
-                  f"compiled meanwhile)", flush=True)
+                  f"compiled meanwhile: {row['triton_compiled_kernels']})", flush=True)
         if args.profile_prefill and n == 0:
             prefill(model, args.profile_prefill, args.chunk, seed=7, profile_to=args.out / "prefill_profile.txt")
         if not args.no_decode:

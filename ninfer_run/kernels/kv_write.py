@@ -35,7 +35,8 @@ def _quantize_store(x_ptr, q_ptr, s_ptr, row, h, dest, H: tl.constexpr, D: tl.co
 def _kv_write_kernel(k_ptr, v_ptr, slots_ptr, kq_ptr, ks_ptr, vq_ptr, vs_ptr, layer, SLOTS_PER_LAYER,
                      H: tl.constexpr, D: tl.constexpr):
     row, h = tl.program_id(0), tl.program_id(1)
-    dest = layer * SLOTS_PER_LAYER + tl.load(slots_ptr + row)  # flat (layer, block, offset)
+    # flat (layer, block, offset); int64: a pool past 2^31 values wraps 32-bit offsets
+    dest = (layer * SLOTS_PER_LAYER + tl.load(slots_ptr + row)).to(tl.int64)
     _quantize_store(k_ptr, kq_ptr, ks_ptr, row, h, dest, H, D)
     _quantize_store(v_ptr, vq_ptr, vs_ptr, row, h, dest, H, D)
 

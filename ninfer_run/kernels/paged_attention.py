@@ -95,7 +95,8 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
         pos_k = index * BS + t
         live = pos_k < seq_len
         block = tl.load(table_ptr + b * max_blocks + index, mask=index < max_blocks, other=0)
-        slot = ((layer * num_blocks + block) * BS + t) * HKV + h
+        # int64: a pool past 2^31 values (the 27B's 16 layers from 131,072 tokens) wraps 32-bit offsets
+        slot = ((layer * num_blocks + block).to(tl.int64) * BS + t) * HKV + h
         k = tl.load(k_ptr + slot[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
         v = tl.load(v_ptr + slot[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
         k = (k * _group_scales(ks_ptr, slot, live, BS, D)).to(q.dtype)

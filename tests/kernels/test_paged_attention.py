@@ -99,3 +99,32 @@ def test_dense_prefill_matches_reference(length, q_len):
     want = reference(q[None].float().cpu(), pool, 1, tables, [length])[0]
     err = float((got - want).norm() / want.norm())
     assert err < (1e-2 if DTYPE == torch.bfloat16 else 2e-3), err
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="an 8.9 GB pool: on the GPU only")
+def test_a_pool_past_2_31_values_is_addressed_in_64_bits():
+    """A KV pool of more than 2^31 values (the 27B's 16 layers x 4 heads x 256 from 131,072 tokens, a
+    --max-context a 100K agent prompt or two exceeds): the fused write and the attention at its last
+    blocks of its second layer == the same rows in a small pool, bit for bit (32-bit offsets wrapped there)."""
+    from ninfer_run.kernels import kv_write
+
+    layout = KVLayout(2, 1, 64, 16, "int8")  # 1,024 values a block and layer
+    big = BlockPool(layout, 2**21 + 8, DEVICE)  # layer 1 starts at 2^31 + 8,192 values
+    small = BlockPool(layout, 8, DEVICE)
+    length, g = 100, torch.Generator().manual_seed(31)
+    k = (torch.randn(length, 1, 64, generator=g) * 2).to(DEVICE, DTYPE)
+    v = torch.randn(length, 1, 64, generator=g).to(DEVICE, DTYPE)
+    blocks = -(-length // 16)
+    tables = {"big": list(range(big.num_blocks - 1, big.num_blocks - 1 - blocks, -1)), "small": list(range(blocks))}
+    q = torch.randn(1, 3, 2, 64, generator=g).to(DEVICE, DTYPE)
+    out = {}
+    for name, pool in (("big", big), ("small", small)):
+        table = torch.tensor(tables[name], dtype=torch.int32, device=DEVICE)
+        pos = torch.arange(length, device=DEVICE)
+        kv_write.write_slots(pool, 1, table[pos // 16] * 16 + pos % 16, k, v)
+        out[name] = paged_attention(q, pool, 1, table[None], torch.tensor([length], dtype=torch.int32, device=DEVICE))
+    for name in ("k", "v", "k_scale", "v_scale"):
+        assert torch.equal(getattr(big, name)[1, tables["big"]], getattr(small, name)[1, tables["small"]]), name
+    assert torch.equal(out["big"], out["small"])
+    del big
+    torch.cuda.empty_cache()
