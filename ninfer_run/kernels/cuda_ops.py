@@ -133,6 +133,21 @@ def tile_nvfp4(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.
     return codes, scales.view(n // 16, t, 128)
 
 
+def tiles_int4(n: int, k: int, bits: int, group: int, scale: torch.Tensor) -> bool:
+    """Whether an N x K int weight is kept in tile_int4's layout here: 4 bits in groups of 128 with bf16
+    scales (what the CUDA GEMV reads), N % 16 == 0, on a GPU where it runs."""
+    return bits == 4 and group == TILE_K and scale.dtype == torch.bfloat16 and tiles_nvfp4(n, k)
+
+
+def tile_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """int4 codes i32 [N, K/8] -> [N/16, K/128, 256]: each (16 rows, 128 K) tile's 1 KB contiguous in the
+    order its warp's lanes load it (lane 4g + c: 16 B of row g, then at 512 B 16 B of row g + 8, K values
+    128 kt + 32 c ..), as tile_nvfp4 lays NVFP4 codes; the words themselves unchanged (the int4 codec's
+    nibble pairs), scales and zero points row-major."""
+    n, t = qweight.shape[0], qweight.shape[1] // 16
+    return qweight.view(n // 16, 2, 8, t, 4, 4).permute(0, 3, 1, 2, 4, 5).contiguous().view(n // 16, t, 256)
+
+
 PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependent launches (csrc)
 # How the NVFP4 GEMV streams the tiled layout's weights (csrc Pipeline): "ring" (each warp keeps its next
 # tiles in registers), "ring-staged-x" (the ring, x copied to shared memory first where it fits in 48 KB
@@ -203,13 +218,17 @@ def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int
 
 
 def int4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
-                    pdl: bool = PDL) -> list[torch.Tensor]:
-    """int4_gemv of 1 to 3 weights (qweight, scale, zero_point) that read the same x, as one launch."""
-    rows = [q.shape[0] for q, _, _ in weights]
+                    pdl: bool = PDL, tiled: bool = False, pipeline: str | None = None) -> list[torch.Tensor]:
+    """int4_gemv of 1 to 3 weights (qweight, scale, zero_point) that read the same x, as one launch.
+    `tiled`: every qweight in tile_int4's layout, streamed by `pipeline` ("ring" or, the default,
+    "ring-staged-x", as NVFP4's); the row-major codes take the ring."""
+    rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows)
     warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)
+    pipeline = pipeline or ("ring-staged-x" if tiled else "ring")
     _raise_refusal(torch.ops.ninfer.int4_gemv(x.contiguous(), [q for q, _, _ in weights], [s for _, s, _ in weights],
-                                              [z for _, _, z in weights], ys, warps, depth, pdl))
+                                              [z for _, _, z in weights], ys, warps, depth, tiled, pdl,
+                                              PIPELINES[pipeline]))
     return ys
 
 

@@ -73,13 +73,20 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_y
 
 @triton.jit
 def _dequant_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUP: tl.constexpr, BITS: tl.constexpr,
-                    HAS_ZP: tl.constexpr, BLOCK_N: tl.constexpr):
+                    HAS_ZP: tl.constexpr, BLOCK_N: tl.constexpr, TILED: tl.constexpr):
+    """TILED (4 bits, group 128): codes in cuda_ops.tile_int4's layout: word w of row n (K values 8w ..
+    8w + 7) in tile (n // 16, w // 16) at (n % 16) // 8 * 128 + (4 (n % 8) + (w % 16) // 4) * 4 + w % 4."""
     pid_n, g = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     groups = K // GROUP
     rk = g * GROUP + tl.arange(0, GROUP)
     n_ok = rn[:, None] < N
-    if BITS == 4:
+    if TILED:
+        w, r = (rk // 8)[None, :], rn[:, None]
+        offset = ((r // 16) * (K // 128) + w // 16) * 256 + (r % 16) // 8 * 128 + (4 * (r % 8) + (w % 16) // 4) * 4 + w % 4
+        words = tl.load(q_ptr + offset, mask=n_ok, other=0)
+        q = ((words >> (4 * (rk % 8))[None, :]) & 15) - 8
+    elif BITS == 4:
         words = tl.load(q_ptr + rn[:, None] * (K // 8) + (rk // 8)[None, :], mask=n_ok, other=0)
         q = ((words >> (4 * (rk % 8))[None, :]) & 15) - 8
     else:
@@ -109,10 +116,14 @@ def gemv(x: torch.Tensor, qweight, scale, zero_point, bits: int, group: int, blo
 
 
 def dequantize(qweight, scale, zero_point, bits: int, group: int, k: int, out: torch.Tensor | None = None,
-               dtype=torch.bfloat16, block_n: int = 64) -> torch.Tensor:
-    n = qweight.shape[0]
+               dtype=torch.bfloat16, block_n: int = 64, tiled: bool = False) -> torch.Tensor:
+    """-> [N, K] in `dtype` (into `out` when given). `tiled`: qweight in cuda_ops.tile_int4's layout."""
+    n = qweight.shape[0] * (16 if tiled else 1)
+    if tiled and (bits, group) != (4, 128):
+        raise ValueError(f"the tiled layout is int4 in groups of 128, got {bits} bits in groups of {group}")
     w = out if out is not None else torch.empty(n, k, dtype=dtype, device=qweight.device)
     zp = zero_point if zero_point is not None else scale
     _dequant_kernel[(triton.cdiv(n, block_n), k // group)](
-        qweight, scale, zp, w, n, k, GROUP=group, BITS=bits, HAS_ZP=zero_point is not None, BLOCK_N=block_n)
+        qweight, scale, zp, w, n, k, GROUP=group, BITS=bits, HAS_ZP=zero_point is not None, BLOCK_N=block_n,
+        TILED=tiled)
     return w

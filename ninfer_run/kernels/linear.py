@@ -4,8 +4,8 @@ Few rows (decode, MTP verification: T <= 16) run the GEMV kernels straight from 
 (NVFP4 and int4-g128 on Hopper: the CUDA kernels of cuda_ops, else Triton);
 more rows (prefill chunks) dequantize into one shared bf16 scratch buffer, sized to the largest
 weight, and run a single cuBLAS matmul. The weight's parts are the artifact's logical (row-major)
-parts, on the device; on Hopper the NVFP4 codes and scales are re-laid once in the CUDA GEMV's
-tile order (cuda_ops.tile_nvfp4), which the dequantization reads too.
+parts, on the device; on Hopper the NVFP4 codes and scales and the int4-g128 codes are re-laid once in
+the CUDA GEMV's tile order (cuda_ops.tile_nvfp4, tile_int4), which the dequantization reads too.
 """
 
 from __future__ import annotations
@@ -35,11 +35,17 @@ class QuantizedLinear:
         if scheme["kind"] not in ("nvfp4", "int"):
             raise ValueError(f"no kernel for scheme {scheme['kind']!r}")
         self.scheme, self.parts, self.shape, self.scratch = scheme, parts, shape, scratch
-        # NVFP4 on Hopper: codes and scales re-laid once, at load, as the CUDA GEMV streams them (each
-        # warp's tile contiguous); prefill dequantizes from the same bytes
-        self.tiled = (scheme["kind"] == "nvfp4" and parts["qweight"].is_cuda and cuda_ops.tiles_nvfp4(*shape))
-        if self.tiled:
-            parts["qweight"], parts["block_scale"] = cuda_ops.tile_nvfp4(parts["qweight"], parts["block_scale"])
+        # NVFP4 and int4-g128 on Hopper: codes (and NVFP4's scales) re-laid once, at load, as the CUDA GEMV
+        # streams them (each warp's tile contiguous); prefill dequantizes from the same bytes
+        on_gpu = parts["qweight"].is_cuda
+        if scheme["kind"] == "nvfp4":
+            self.tiled = on_gpu and cuda_ops.tiles_nvfp4(*shape)
+            if self.tiled:
+                parts["qweight"], parts["block_scale"] = cuda_ops.tile_nvfp4(parts["qweight"], parts["block_scale"])
+        else:
+            self.tiled = on_gpu and cuda_ops.tiles_int4(*shape, scheme["bits"], scheme["group_size"], parts["scale"])
+            if self.tiled:
+                parts["qweight"] = cuda_ops.tile_int4(parts["qweight"])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         grouped = QuantizedLinear.group(x, [self])
@@ -77,14 +83,15 @@ class QuantizedLinear:
                                                 for w in weights], tiled=True, glu=glu)
         else:
             ys = cuda_ops.int4_gemv_group(x2, [(w.parts["qweight"], w.parts["scale"], w.parts.get("zero_point"))
-                                               for w in weights])
+                                               for w in weights], tiled=weights[0].tiled)
         return [y.to(x.dtype).reshape(*lead, w.shape[0]) for y, w in zip(ys, weights)]
 
     def _cuda_gemv(self, x: torch.Tensor) -> str | None:
-        """Which CUDA GEMV takes these (<= 16) rows: "nvfp4" (the tiled layout: its shape fits, checked at
-        load), "int4" (bf16 rows), or None."""
+        """Which CUDA GEMV takes these (<= 16) rows: "nvfp4" or "int4-tiled" (the tiled layouts: the shape
+        fits, checked at load), "int4" (row-major int4-g128, bf16 rows), or None. (Weights of one launch
+        share one: tiled and row-major int4 never mix.)"""
         if self.tiled:
-            return "nvfp4"
+            return "nvfp4" if self.scheme["kind"] == "nvfp4" else "int4-tiled"
         if self.scheme["kind"] == "int" and cuda_ops.int4_gemv_fits(x, self.shape[0], self.scheme["bits"],
                                                                    self.scheme["group_size"], self.parts["scale"]):
             return "int4"
@@ -103,4 +110,4 @@ class QuantizedLinear:
             return nvfp4_linear.dequantize(p["qweight"], p["block_scale"], p["global_scale"], out=out,
                                            tiled_shape=self.shape if self.tiled else None)
         return int_linear.dequantize(p["qweight"], p["scale"], p.get("zero_point"), self.scheme["bits"],
-                                     self.scheme["group_size"], self.shape[1], out=out)
+                                     self.scheme["group_size"], self.shape[1], out=out, tiled=self.tiled)

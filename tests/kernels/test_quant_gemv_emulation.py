@@ -234,6 +234,31 @@ def test_tiled_layout_is_what_the_tiled_kernel_loads():
                 assert torch.equal(got, want)
 
 
+def test_tiled_int4_layout_is_what_the_tiled_kernel_loads():
+    """cuda_ops.tile_int4 puts at the tiled kernel's code addresses (as NVFP4's: tile (rt, kt) at 1 KB
+    (rt T + kt), lane L = 4g + c at 16 L for row g and 512 + 16 L for row g + 8) the 16 bytes the row-major
+    addressing would read (row, 64 kt + 16 c ..), words unchanged; the int4 codec reads its scales and zero
+    points row-major in either layout."""
+    from ninfer_run.kernels.cuda_ops import tile_int4
+
+    assert "Codec::load_tile_rows(ag, ah, args, n0, K, kt, g, c);" in SOURCE
+    assert "ag = load_row(a, n0 + g, K, kt, c);" in SOURCE and "ah = load_row(a, n0 + g + 8, K, kt, c);" in SOURCE
+    n, k = 48, 384
+    p = quantize_int(torch.randn(n, k, generator=torch.Generator().manual_seed(5)), 4, 128, False, "w")
+    tiled = tile_int4(p["qweight"])
+    assert tiled.shape == (n // 16, k // 128, 256) and tiled.dtype == torch.int32
+    codes, plain, t = tiled.flatten().view(torch.uint8), p["qweight"].contiguous().view(torch.uint8), k // 128
+    for rt in range(n // 16):
+        for kt in range(t):
+            for lane in range(32):
+                gg, c = lane // 4, lane % 4
+                base = 1024 * (rt * t + kt)
+                for half, offset in ((0, 16 * lane), (1, 512 + 16 * lane)):
+                    row = 16 * rt + gg + 8 * half
+                    assert torch.equal(codes[base + offset : base + offset + 16],
+                                       plain[row, 64 * kt + 16 * c : 64 * kt + 16 * c + 16])
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")
 def test_sm90a_gemv_compiles_and_gpu_check_names_a_kernel_it_has(tmp_path):
     """The .cu compiles for sm_90a here (the GPU box builds it at first use), and tools/gpu_check.sh's

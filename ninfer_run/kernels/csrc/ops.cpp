@@ -16,7 +16,7 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
                            int depth, bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream);
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool pdl, cudaStream_t stream);
+                          bool tiled, bool pdl, int pipeline, cudaStream_t stream);
 
 namespace {
 
@@ -120,17 +120,19 @@ void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale
 
 void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
                     const c10::List<std::optional<at::Tensor>>& zero, at::TensorList y, int64_t warps, int64_t depth,
-                    bool pdl) {
+                    bool tiled, bool pdl, int64_t pipeline) {
   require(scale.size() == q.size() && zero.size() == q.size(), "int4_gemv: as many scales and zeros as weights");
   std::vector<int> n;
+  const char* q_shape = tiled ? "q: i32 [N/16, K/128, 256] (tiled)" : "q: i32 [N, K/8]";
   for (const at::Tensor& t : q) {
-    require(t.dim() == 2, "q: i32 [N, K/8]");
-    n.push_back(static_cast<int>(t.size(0)));
+    require(t.dim() == (tiled ? 3 : 2), q_shape);
+    n.push_back(static_cast<int>(t.size(0) * (tiled ? 16 : 1)));
   }
   const auto [M, K, yp] = check_rows("int4_gemv", x, y, n, false);
   std::vector<const void*> qp, sp, zp;
   for (size_t p = 0; p < q.size(); ++p) {
-    require(q[p].scalar_type() == at::kInt && q[p].is_contiguous() && q[p].size(1) * 8 == K, "q: i32 [N, K/8]");
+    require(q[p].scalar_type() == at::kInt && q[p].is_contiguous() &&
+                (tiled ? q[p].size(1) * 128 == K && q[p].size(2) == 256 : q[p].size(1) * 8 == K), q_shape);
     require(scale[p].scalar_type() == at::kBFloat16 && scale[p].is_contiguous() && scale[p].dim() == 2 && scale[p].size(0) == n[p] &&
                 scale[p].size(1) == K / 128, "scale: bf16 [N, K/128] (group 128)");
     const std::optional<at::Tensor> z = zero.get(p);
@@ -146,7 +148,7 @@ void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
   const c10::cuda::CUDAGuard guard(x.device());
   check_launch("int4_gemv",
                ninfer_int4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), zp.data(),
-                                     n.data(), yp.data(), M, K, warps, depth, pdl,
+                                     n.data(), yp.data(), M, K, warps, depth, tiled, pdl, static_cast<int>(pipeline),
                                      c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
@@ -158,8 +160,8 @@ std::string nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList sca
 
 std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale,
                       const c10::List<std::optional<at::Tensor>>& zero, at::TensorList y, int64_t warps, int64_t depth,
-                      bool pdl) {
-  return guarded([&] { int4_gemv_body(x, q, scale, zero, y, warps, depth, pdl); });
+                      bool tiled, bool pdl, int64_t pipeline) {
+  return guarded([&] { int4_gemv_body(x, q, scale, zero, y, warps, depth, tiled, pdl, pipeline); });
 }
 
 }  // namespace
@@ -168,12 +170,12 @@ std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scal
 // glu (NVFP4, tiled, the bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
 // its weights (quant_gemv_sm90.cu's Pipeline: 0 register ring, 1 ring with x staged in shared memory,
-// 2 bulk copies through shared memory; 1 and 2 for the tiled layout only).
+// 2 bulk copies through shared memory; 1 for the tiled layouts only, 2 for tiled NVFP4 only).
 TORCH_LIBRARY(ninfer, m) {
   m.def("nvfp4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
         "bool tiled, bool pdl, int pipeline, bool glu) -> str");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
-        "bool pdl) -> str");
+        "bool tiled, bool pdl, int pipeline) -> str");
 }
 
 TORCH_LIBRARY_IMPL(ninfer, CUDA, m) {

@@ -7,7 +7,9 @@
 //          128 B of scales contiguous, in the order the lanes below load them, each code word's bits
 //          re-encoded (Nvfp4Tiled: fp4_view) and the scales sign-less (scales_tiled)
 //   int4   q i32 [N, K/8] (element j of a word at bits 4j, offset-binary u = value + 8), scale bf16
-//          [N, K/128], zero points (asymmetric) i32 [N/8, K/128] packed along N (offset-binary v), else v = 8
+//          [N, K/128], zero points (asymmetric) i32 [N/8, K/128] packed along N (offset-binary v), else v = 8;
+//          or tiled (cuda_ops.tile_int4, at load): the codes' bytes in tiles as NVFP4's (words unchanged),
+//          scales and zero points row-major
 // All pack 8 elements per 32-bit word in K order (row-major: nibble i = element i), so they share the
 // lane layout below and differ only in how a word becomes bf16 pairs (the Codec).
 //
@@ -206,6 +208,14 @@ __device__ __forceinline__ uint32_t scales_tiled(uint32_t bytes) {
 }
 
 struct Nvfp4Tiled : Nvfp4 {  // Nvfp4's arguments, scale bytes and output scale; its own decode
+  // Rows g and g + 8's scales of K tile kt: each (16 rows, 128 K) tile's 128 bytes in lane order, lane
+  // 4g + c's four = row g's blocks 2c, 2c + 1, then row g + 8's.
+  __device__ static void load_tile_rows(RowAux& ag, RowAux& ah, const Args& args, int n0, int K, int kt, int g, int c) {
+    const uint32_t both = __ldg(reinterpret_cast<const uint32_t*>(args.scale + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 128 +
+                                                                   4 * (4 * g + c)));
+    ag = {both & 0xFFFFu};
+    ah = {both >> 16};
+  }
   template <bool kHighTokens>
   __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
                                 const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
@@ -248,6 +258,12 @@ struct Int4 {
     const uint32_t v = a.zero ? (static_cast<uint32_t>(__ldg(a.zero + (size_t)(row / 8) * groups + kt)) >> (4 * (row % 8))) & 15u : 8u;
     return {(0x4300u | v) * 0x00010001u, __bfloat162float(__ldg(a.scale + (size_t)row * groups + kt))};
   }
+  // Tiled int4 (cuda_ops.tile_int4): the codes only; a row's scale and zero point (3% of its bytes)
+  // stay where the artifact has them.
+  __device__ static void load_tile_rows(RowAux& ag, RowAux& ah, const Args& a, int n0, int K, int kt, int g, int c) {
+    ag = load_row(a, n0 + g, K, kt, c);
+    ah = load_row(a, n0 + g + 8, K, kt, c);
+  }
   // A tile is one group: its MMAs sum x * (u - v) into fresh fragments, scaled per row (d0, d1: row g;
   // d2, d3: row g + 8) into d[token half][0].
   template <bool kHighTokens>
@@ -269,18 +285,14 @@ struct Int4 {
   __device__ static float out_scale(const Args&) { return 1.f; }
 };
 
-// Rows g and g + 8's scales of K tile kt. Tiled NVFP4 scales: each (16 rows, 128 K) tile's 128 bytes in
-// lane order, lane 4g + c's four = row g's blocks 2c, 2c + 1, then row g + 8's. (The codecs read their
-// arguments with __ldg: picked from the launch's Parts they are registers, and a plain dereference of
-// one compiles to a generic load.)
+// Rows g and g + 8's scales (and zero points) of K tile kt: the codec's tiled layout's or its row-major
+// one's. (The codecs read their arguments with __ldg: picked from the launch's Parts they are registers,
+// and a plain dereference of one compiles to a generic load.)
 template <class Codec, bool kTiled>
 __device__ __forceinline__ void load_rows(typename Codec::RowAux& ag, typename Codec::RowAux& ah,
                                           const typename Codec::Args& args, int n0, int K, int kt, int g, int c) {
   if constexpr (kTiled) {
-    const uint32_t both = __ldg(reinterpret_cast<const uint32_t*>(args.scale + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 128 +
-                                                                   4 * (4 * g + c)));
-    ag = {both & 0xFFFFu};
-    ah = {both >> 16};
+    Codec::load_tile_rows(ag, ah, args, n0, K, kt, g, c);
   } else {
     ag = Codec::load_row(args, n0 + g, K, kt, c);
     ah = Codec::load_row(args, n0 + g + 8, K, kt, c);
@@ -667,7 +679,7 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
 
 // The launchers ops.cpp calls: `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the
 // launch's CUDA error code (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a
-// pipeline the layout has not: staged x and bulk copies are the tiled NVFP4 layout's). glu (the bulk
+// pipeline the layout has not: staged x is the tiled layouts', bulk copies the tiled NVFP4 layout's). glu (the bulk
 // pipeline): two weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N].
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
@@ -696,14 +708,17 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
 
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool pdl, cudaStream_t stream) {
+                          bool tiled, bool pdl, int pipeline, cudaStream_t stream) {
   using ninfer_sm90::Int4;
-  if (count < 1 || count > ninfer_sm90::kMaxParts) return static_cast<int>(cudaErrorInvalidValue);
+  if (count < 1 || count > ninfer_sm90::kMaxParts || pipeline == ninfer_sm90::kBulk ||
+      (!tiled && pipeline != ninfer_sm90::kRing))
+    return static_cast<int>(cudaErrorInvalidValue);
   Int4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p)
     args[p] = {static_cast<const __nv_bfloat16*>(scale[p]), static_cast<const int32_t*>(zero[p])};
   ninfer_sm90::Parts<Int4::Args> parts;
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, count, n);
   return static_cast<int>(
-      ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, ninfer_sm90::kRing, stream));
+      tiled ? ninfer_sm90::dispatch_ring<Int4, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream)
+            : ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream));
 }
