@@ -354,7 +354,8 @@ def mlp_chain(device: str) -> list[dict]:
     (ring-staged-x, the engine's default), and the bulk pipeline in each of its shapes and with gate, up and
     SiLU-mul as one launch (glu); beside it a flat read of the
     same weight bytes, one launch per weight (tools/csrc/gemv_read_floor.cu), in the same graph form:
-    what a chain of memory-bound launches can reach."""
+    what a chain of memory-bound launches can reach; and the GEMV's own loads alone (its blocks, warps and
+    ring, no arithmetic): what its layout costs."""
     from ninfer_run.kernels import norms
     from ninfer_run.layers import silu_mul
 
@@ -388,14 +389,18 @@ def mlp_chain(device: str) -> list[dict]:
             g, u = (gemv(h, [(*w[name], s2)])[0] for name in ("gate", "up"))
         gemv(act.clone() if small_ops == "copy" else silu_mul(g, u) if small_ops else act, [(*w["down"], s2)])
 
-    def reads(w):
+    def reads(w, mode="flat"):
         for name in ("gate", "up", "down"):
             n, k = shapes["down" if name == "down" else "up"]
-            floor(w[name][0], w[name][1], sink, n, k, "flat", 1, 4, 4 * sms)
+            if mode == "flat":
+                floor(w[name][0], w[name][1], sink, n, k, "flat", 1, 4, 4 * sms)
+            else:  # the GEMV's blocks, warps and ring (8 x 2), its loads only
+                floor(w[name][0], w[name][1], sink, n, k, "split", 8, 2, 0)
 
     variants = {"separate": lambda w: block(w, False, False), "grouped": lambda w: block(w, True, False),
                 "grouped+pdl": lambda w: block(w, True, True),
                 "GEMVs alone": lambda w: block(w, True, True, small_ops=False), "flat read": reads,
+                "read in the GEMV's layout": lambda w: reads(w, "split"),
                 "grouped+pdl staged x": lambda w: block(w, True, True, pipeline="ring-staged-x"),
                 "bulk grouped": lambda w: block(w, True, False, pipeline="bulk"),
                 "bulk GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="bulk"),

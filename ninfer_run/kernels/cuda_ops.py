@@ -8,8 +8,8 @@ callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off
   nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16) -> bf16: csrc/quant_gemv_sm90.cu; reads
                the row-major codes or (the engine's) tile_nvfp4's layout; its reference is
                nvfp4_linear.reference. nvfp4_gemv_group: up to 3 weights of one x in one launch.
-  int4_gemv    the same for int4 group-128 weights (symmetric or with zero points), row-major; its
-               reference is int_linear.reference. int4_gemv_group likewise.
+  int4_gemv    the same for int4 group-128 weights (symmetric or with zero points), row-major or (the
+               engine's) tile_int4's layout; its reference is int_linear.reference. int4_gemv_group likewise.
 Both launch as programmatic dependents (PDL; NINFER_PDL=0 turns it off): each block streams its first
 weight tiles while the kernel before it finishes. NINFER_GEMV_PIPELINE picks how the tiled NVFP4 GEMV
 streams its weights (PIPELINES).
@@ -139,13 +139,31 @@ def tiles_int4(n: int, k: int, bits: int, group: int, scale: torch.Tensor) -> bo
     return bits == 4 and group == TILE_K and scale.dtype == torch.bfloat16 and tiles_nvfp4(n, k)
 
 
-def tile_int4(qweight: torch.Tensor) -> torch.Tensor:
-    """int4 codes i32 [N, K/8] -> [N/16, K/128, 256]: each (16 rows, 128 K) tile's 1 KB contiguous in the
-    order its warp's lanes load it (lane 4g + c: 16 B of row g, then at 512 B 16 B of row g + 8, K values
-    128 kt + 32 c ..), as tile_nvfp4 lays NVFP4 codes; the words themselves unchanged (the int4 codec's
-    nibble pairs), scales and zero points row-major."""
+INT4_RECORD = 40  # bytes of a tile's scales and zero points in tile_int4's layout
+
+
+def tile_int4(qweight: torch.Tensor, scale: torch.Tensor,
+              zero_point: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """int4-g128 codes i32 [N, K/8], bf16 scales [N, K/128], zero points (None: symmetric) i32 [N/8, K/128]
+    -> (codes i32 [N/16, K/128, 256], records u8 [N/16, K/128, 40]): each (16 rows, 128 K) tile's 1 KB of
+    codes contiguous in the order its warp's lanes load it (lane 4g + c: 16 B of row g, then at 512 B 16 B
+    of row g + 8, K values 128 kt + 32 c ..), as tile_nvfp4 lays NVFP4 codes, the words unchanged (the int4
+    codec's nibble pairs); and the tile's group scales and zero points in one record, where lane 4g + c
+    finds its two rows' both in two loads (csrc Int4Tiled): word g (bytes 4g ..) = the scales of rows g
+    (low half) and g + 8 (high half), byte 32 + g = their offset-binary zero points (row g in the low
+    nibble; 8 when symmetric). The records are 40 B a tile where the row-major parts are 32 (symmetric) or 40."""
     n, t = qweight.shape[0], qweight.shape[1] // 16
-    return qweight.view(n // 16, 2, 8, t, 4, 4).permute(0, 3, 1, 2, 4, 5).contiguous().view(n // 16, t, 256)
+    codes = qweight.view(n // 16, 2, 8, t, 4, 4).permute(0, 3, 1, 2, 4, 5).contiguous().view(n // 16, t, 256)
+    scales = scale.view(torch.int16).view(n // 16, 2, 8, t).permute(0, 3, 2, 1).contiguous()  # [.., t, g, row half]
+    if zero_point is None:
+        v = torch.full((n, t), 8, dtype=torch.int32, device=qweight.device)
+    else:
+        shifts = 4 * torch.arange(8, device=qweight.device, dtype=torch.int32)
+        v = ((zero_point[:, None, :] >> shifts[None, :, None]) & 15).reshape(n, t)  # row 8 r + j: word r's nibble j
+    v = v.view(n // 16, 2, 8, t)
+    zeros = (v[:, 0] | (v[:, 1] << 4)).permute(0, 2, 1).to(torch.uint8)  # [.., t, g]
+    records = torch.cat([scales.view(n // 16, t, 16).view(torch.uint8), zeros], dim=2)
+    return codes, records.contiguous()
 
 
 PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependent launches (csrc)
@@ -220,8 +238,8 @@ def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int
 def int4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
                     pdl: bool = PDL, tiled: bool = False, pipeline: str | None = None) -> list[torch.Tensor]:
     """int4_gemv of 1 to 3 weights (qweight, scale, zero_point) that read the same x, as one launch.
-    `tiled`: every qweight in tile_int4's layout, streamed by `pipeline` ("ring" or, the default,
-    "ring-staged-x", as NVFP4's); the row-major codes take the ring."""
+    `tiled`: every weight tile_int4's (codes, records, None), streamed by `pipeline` ("ring" or, the
+    default, "ring-staged-x", as NVFP4's); the row-major codes take the ring."""
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows)
     warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)

@@ -74,8 +74,10 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_y
 @triton.jit
 def _dequant_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUP: tl.constexpr, BITS: tl.constexpr,
                     HAS_ZP: tl.constexpr, BLOCK_N: tl.constexpr, TILED: tl.constexpr):
-    """TILED (4 bits, group 128): codes in cuda_ops.tile_int4's layout: word w of row n (K values 8w ..
-    8w + 7) in tile (n // 16, w // 16) at (n % 16) // 8 * 128 + (4 (n % 8) + (w % 16) // 4) * 4 + w % 4."""
+    """TILED (4 bits, group 128): cuda_ops.tile_int4's layout: word w of row n (K values 8w .. 8w + 7) in
+    tile (n // 16, w // 16) at (n % 16) // 8 * 128 + (4 (n % 8) + (w % 16) // 4) * 4 + w % 4; s_ptr the
+    tiles' records as int16 (row n's scale at 2 (n % 8) + (n % 16) // 8), z_ptr the same bytes (its zero
+    point's nibble in byte 32 + n % 8)."""
     pid_n, g = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     groups = K // GROUP
@@ -91,8 +93,14 @@ def _dequant_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUP: tl.constexpr, BITS:
         q = ((words >> (4 * (rk % 8))[None, :]) & 15) - 8
     else:
         q = tl.load(q_ptr + rn[:, None] * K + rk[None, :], mask=n_ok, other=0).to(tl.int32)
-    z = _zero_points(z_ptr, rn, g, N, groups, BITS, HAS_ZP)
-    scale = tl.load(s_ptr + rn * groups + g, mask=rn < N, other=0).to(tl.float32)
+    if TILED:
+        tile, half, row = (rn // 16) * groups + g, (rn % 16) // 8, rn % 8
+        bits = tl.load(s_ptr + tile * 20 + 2 * row + half, mask=rn < N, other=0)
+        scale = bits.to(tl.bfloat16, bitcast=True).to(tl.float32)
+        z = ((tl.load(z_ptr + tile * 40 + 32 + row, mask=rn < N, other=0).to(tl.int32) >> (4 * half)) & 15) - 8
+    else:
+        z = _zero_points(z_ptr, rn, g, N, groups, BITS, HAS_ZP)
+        scale = tl.load(s_ptr + rn * groups + g, mask=rn < N, other=0).to(tl.float32)
     values = (q - z[:, None]).to(tl.float32) * scale[:, None]
     tl.store(w_ptr + rn[:, None] * K + rk[None, :], values.to(w_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
              mask=n_ok)
@@ -117,12 +125,16 @@ def gemv(x: torch.Tensor, qweight, scale, zero_point, bits: int, group: int, blo
 
 def dequantize(qweight, scale, zero_point, bits: int, group: int, k: int, out: torch.Tensor | None = None,
                dtype=torch.bfloat16, block_n: int = 64, tiled: bool = False) -> torch.Tensor:
-    """-> [N, K] in `dtype` (into `out` when given). `tiled`: qweight in cuda_ops.tile_int4's layout."""
+    """-> [N, K] in `dtype` (into `out` when given). `tiled`: cuda_ops.tile_int4's (codes, records, None)."""
     n = qweight.shape[0] * (16 if tiled else 1)
     if tiled and (bits, group) != (4, 128):
         raise ValueError(f"the tiled layout is int4 in groups of 128, got {bits} bits in groups of {group}")
+    if tiled and zero_point is not None:
+        raise ValueError("the tiled layout keeps the zero points in its records (tile_int4): zero_point None")
     w = out if out is not None else torch.empty(n, k, dtype=dtype, device=qweight.device)
     zp = zero_point if zero_point is not None else scale
+    if tiled:
+        scale, zp = scale.view(torch.int16), scale
     _dequant_kernel[(triton.cdiv(n, block_n), k // group)](
         qweight, scale, zp, w, n, k, GROUP=group, BITS=bits, HAS_ZP=zero_point is not None, BLOCK_N=block_n,
         TILED=tiled)

@@ -4,8 +4,8 @@ Few rows (decode, MTP verification: T <= 16) run the GEMV kernels straight from 
 (NVFP4 and int4-g128 on Hopper: the CUDA kernels of cuda_ops, else Triton);
 more rows (prefill chunks) dequantize into one shared bf16 scratch buffer, sized to the largest
 weight, and run a single cuBLAS matmul. The weight's parts are the artifact's logical (row-major)
-parts, on the device; on Hopper the NVFP4 codes and scales and the int4-g128 codes are re-laid once in
-the CUDA GEMV's tile order (cuda_ops.tile_nvfp4, tile_int4), which the dequantization reads too.
+parts, on the device; on Hopper the NVFP4 and int4-g128 codes and scales (and zero points) are re-laid
+once in the CUDA GEMV's tile order (cuda_ops.tile_nvfp4, tile_int4), which the dequantization reads too.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class QuantizedLinear:
         else:
             self.tiled = on_gpu and cuda_ops.tiles_int4(*shape, scheme["bits"], scheme["group_size"], parts["scale"])
             if self.tiled:
-                parts["qweight"] = cuda_ops.tile_int4(parts["qweight"])
+                parts["qweight"], parts["scale"] = cuda_ops.tile_int4(parts["qweight"], parts["scale"],
+                                                                      parts.pop("zero_point", None))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         grouped = QuantizedLinear.group(x, [self])

@@ -46,14 +46,15 @@ def test_dequantize_is_the_reference_rounded_the_same_way(bits, group, symmetric
 
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_dequantize_reads_the_tiled_layout(symmetric):
-    """The prefill's dequantization of cuda_ops.tile_int4's codes == the reference's of the row-major ones."""
+    """The prefill's dequantization of cuda_ops.tile_int4's codes and records == the reference's of the
+    row-major parts."""
     from ninfer_run.kernels.cuda_ops import tile_int4
 
     n, kk = (48, 384) if DEVICE == "cpu" else (17408, 5120)
     p = _weight(n, kk, 4, 128, symmetric, n + symmetric)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     out = torch.full((n, kk), float("nan"), dtype=dtype, device=DEVICE)
-    k.dequantize(tile_int4(p["qweight"]), p["scale"], p.get("zero_point"), 4, 128, kk, out=out, tiled=True)
+    k.dequantize(*tile_int4(p["qweight"], p["scale"], p.get("zero_point")), None, 4, 128, kk, out=out, tiled=True)
     assert torch.equal(out, k.reference_dequantize(p["qweight"], p["scale"], p.get("zero_point"), 4, 128, kk, dtype))
 
 
@@ -68,13 +69,13 @@ def test_cuda_int4_gemv_matches_reference(m, n, kk, symmetric):
     p = _weight(n, kk, 4, 128, symmetric, m * n)
     x = torch.randn(m, kk, generator=torch.Generator().manual_seed(kk + m)).to(DEVICE, DTYPE)
     ref = k.reference(x, p["qweight"], p["scale"], p.get("zero_point"), 4, 128)
-    tiled = cuda_ops.tile_int4(p["qweight"])
+    tiled = cuda_ops.tile_int4(p["qweight"], p["scale"], p.get("zero_point"))
     for shape in sorted(cuda_ops.GEMV_SHAPES):  # warps past the K tiles idle (K = 128: one tile)
         out = cuda_ops.int4_gemv(x, p["qweight"], p["scale"], p.get("zero_point"), shape=shape)
         assert out.shape == (m, n) and out.dtype == torch.bfloat16
         assert rounded_once(out, ref), shape
         for pipeline in ("ring", "ring-staged-x"):  # the tiled codes (x staged where it fits)
-            (out,) = cuda_ops.int4_gemv_group(x, [(tiled, p["scale"], p.get("zero_point"))], shape, tiled=True,
+            (out,) = cuda_ops.int4_gemv_group(x, [(*tiled, None)], shape, tiled=True,
                                               pipeline=pipeline)
             assert out.shape == (m, n) and rounded_once(out, ref), (shape, pipeline)
 
@@ -91,7 +92,7 @@ def test_cuda_int4_gemv_group_gives_each_weight_its_own_product(m):
     parts = [_weight(n, kk, 4, 128, symmetric, n) for n, symmetric in ((6144, False), (1024, True), (528, False))]
     x = torch.randn(m, kk, generator=torch.Generator().manual_seed(m)).to(DEVICE, DTYPE)
     outs = cuda_ops.int4_gemv_group(x, [(p["qweight"], p["scale"], p.get("zero_point")) for p in parts])
-    tiled = cuda_ops.int4_gemv_group(x, [(cuda_ops.tile_int4(p["qweight"]), p["scale"], p.get("zero_point"))
+    tiled = cuda_ops.int4_gemv_group(x, [(*cuda_ops.tile_int4(p["qweight"], p["scale"], p.get("zero_point")), None)
                                          for p in parts], tiled=True)
     for out, out_tiled, p in zip(outs, tiled, parts):
         ref = k.reference(x, p["qweight"], p["scale"], p.get("zero_point"), 4, 128)
@@ -107,11 +108,13 @@ def test_cuda_int4_gemv_refuses_what_it_has_no_kernel_for():
         pytest.skip("no sm_90 GPU or the extension did not build")
     p = _weight(64, 512, 4, 128, True, 1)
     x = torch.randn(1, 512).to(DEVICE, DTYPE)
-    tiled = cuda_ops.tile_int4(p["qweight"])
-    for weights, is_tiled, pipeline in (([(tiled, p["scale"], None)], True, "bulk"),
+    tiled = cuda_ops.tile_int4(p["qweight"], p["scale"])
+    for weights, is_tiled, pipeline in (([(*tiled, None)], True, "bulk"),
                                         ([(p["qweight"], p["scale"], None)], False, "ring-staged-x")):
         with pytest.raises(RuntimeError, match="int4_gemv launch failed"):
             cuda_ops.int4_gemv_group(x, weights, tiled=is_tiled, pipeline=pipeline)
     with pytest.raises(RuntimeError, match=r"q: i32 \[N/16, K/128, 256\] \(tiled\)"):
         cuda_ops.int4_gemv_group(x, [(p["qweight"], p["scale"], None)], tiled=True)
+    with pytest.raises(RuntimeError, match=r"tiled: scale u8 \[N/16, K/128, 40\]"):  # the row-major scales
+        cuda_ops.int4_gemv_group(x, [(tiled[0], p["scale"], None)], tiled=True)
 

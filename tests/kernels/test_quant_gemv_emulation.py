@@ -113,18 +113,19 @@ def test_expressions_are_the_kernels():
     for text in ("constexpr int em = 6 - 4 * I, sign = 12 - 4 * I;",
                  "return (e & 0x01C001C0u) | ((w << sign) & 0x80008000u);",
                  "((byte & 0x80u) << 24) | ((byte & 0x7Fu) << 20)", "f * 0x1p110f * 0x1p110f", "__ldg(a.s2) * 0x1p26f",
-                 "return ((w >> (4 * I)) & 0x000F000Fu) | 0x43004300u;", "(0x4300u | v) * 0x00010001u",
+                 "return ((w >> (4 * I)) & 0x000F000Fu) | 0x43004300u;", "(0x4300u | ag.zero) * 0x00010001u",
                  "even = permute(lo, hi, 0x5410u);", "odd = permute(lo, hi, 0x7632u);",
                  ": q + (size_t)(n0 + g) * (K / 2) + 16 * c;  // + 64 per tile",
                  "const uint8_t* wh_lane = kTiled ? wg_lane + 512 : wg_lane + (size_t)8 * (K / 2);",
                  "const int token = 8 * th + 2 * c + (i & 1), row = n0 + g + 8 * (i >> 1);",
                  "a[0] = bf16x2_mul(h ? fp4_pair<2>(vg) : fp4_pair<0>(vg), sg[t >> 1]);",
                  "a[3] = bf16x2_mul(h ? fp4_pair<3>(vh) : fp4_pair<1>(vh), sh[t >> 1]);",
-                 "a[1] = bf16x2_sub(h ? int4_pair<2>(vh) : int4_pair<0>(vh), ah.zero);",
+                 "a[1] = bf16x2_sub(h ? int4_pair<2>(vh) : int4_pair<0>(vh), zh);",
                  "x_pair(b0, b1, xl[t], h);", "mma_bf16(acc[0][t & 1], a, b0, b1);",
                  "a.scale + (size_t)row * (K / 16) + kt * 8 + 2 * c",
                  "(static_cast<uint32_t>(__ldg(a.zero + (size_t)(row / 8) * groups + kt)) >> (4 * (row % 8))) & 15u",
-                 "(part[th][0][i] + part[th][1][i]) * (i < 2 ? ag.scale : ah.scale)"):
+                 "(part[th][0][i] + part[th][1][i]) * (i < 2 ? sg : sh)",
+                 "__uint_as_float(ag.scale), __uint_as_float(ah.scale)"):
         assert text in SOURCE, text
 
 
@@ -234,22 +235,31 @@ def test_tiled_layout_is_what_the_tiled_kernel_loads():
                 assert torch.equal(got, want)
 
 
-def test_tiled_int4_layout_is_what_the_tiled_kernel_loads():
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_tiled_int4_layout_is_what_the_tiled_kernel_loads(symmetric):
     """cuda_ops.tile_int4 puts at the tiled kernel's code addresses (as NVFP4's: tile (rt, kt) at 1 KB
     (rt T + kt), lane L = 4g + c at 16 L for row g and 512 + 16 L for row g + 8) the 16 bytes the row-major
-    addressing would read (row, 64 kt + 16 c ..), words unchanged; the int4 codec reads its scales and zero
-    points row-major in either layout."""
-    from ninfer_run.kernels.cuda_ops import tile_int4
+    addressing would read (row, 64 kt + 16 c ..), words unchanged; and where Int4Tiled loads a lane's rows'
+    scales and zero points (record (rt T + kt) at 40 B: word g, byte 32 + g) the row-major parts' values
+    of rows g and g + 8, decoded as Int4Tiled::tile decodes them."""
+    from ninfer_run.kernels.cuda_ops import INT4_RECORD, tile_int4
 
     assert "Codec::load_tile_rows(ag, ah, args, n0, K, kt, g, c);" in SOURCE
-    assert "ag = load_row(a, n0 + g, K, kt, c);" in SOURCE and "ah = load_row(a, n0 + g + 8, K, kt, c);" in SOURCE
+    assert "((size_t)(n0 / 16) * (K / kTileK) + kt) * 40;" in SOURCE and INT4_RECORD == 40
+    assert "ag = {__ldg(record + 32 + g), __ldg(reinterpret_cast<const uint32_t*>(record) + g)};" in SOURCE
+    assert ("(0x4300u | (both.zeros & 15u)) * 0x00010001u, (0x4300u | (both.zeros >> 4)) * 0x00010001u,\n"
+            "                       __uint_as_float(both.scales << 16), __uint_as_float(both.scales & 0xFFFF0000u)") in SOURCE
     n, k = 48, 384
-    p = quantize_int(torch.randn(n, k, generator=torch.Generator().manual_seed(5)), 4, 128, False, "w")
-    tiled = tile_int4(p["qweight"])
+    p = quantize_int(torch.randn(n, k, generator=torch.Generator().manual_seed(5)), 4, 128, symmetric, "w")
+    tiled, records = tile_int4(p["qweight"], p["scale"], p.get("zero_point"))
     assert tiled.shape == (n // 16, k // 128, 256) and tiled.dtype == torch.int32
+    assert records.shape == (n // 16, k // 128, 40) and records.dtype == torch.uint8
     codes, plain, t = tiled.flatten().view(torch.uint8), p["qweight"].contiguous().view(torch.uint8), k // 128
+    record_bytes = records.flatten()
+    zero = _words(p["zero_point"]) if not symmetric else None
     for rt in range(n // 16):
         for kt in range(t):
+            record = record_bytes[40 * (rt * t + kt) : 40 * (rt * t + kt + 1)]
             for lane in range(32):
                 gg, c = lane // 4, lane % 4
                 base = 1024 * (rt * t + kt)
@@ -257,6 +267,15 @@ def test_tiled_int4_layout_is_what_the_tiled_kernel_loads():
                     row = 16 * rt + gg + 8 * half
                     assert torch.equal(codes[base + offset : base + offset + 16],
                                        plain[row, 64 * kt + 16 * c : 64 * kt + 16 * c + 16])
+                scales = int.from_bytes(bytes(record[4 * gg : 4 * gg + 4].tolist()), "little")
+                zeros = int(record[32 + gg])
+                for half, (v, bits) in enumerate(((zeros & 15, (scales << 16) & 0xFFFFFFFF),
+                                                  (zeros >> 4, scales & 0xFFFF0000))):
+                    row = 16 * rt + gg + 8 * half
+                    want_v = 8 if symmetric else (zero[row // 8, kt] >> (4 * (row % 8))) & 15
+                    assert v == want_v
+                    got_scale = torch.tensor([bits], dtype=torch.int64).to(torch.int32).view(torch.float32)
+                    assert got_scale.item() == p["scale"][row, kt].float().item()
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on this machine")

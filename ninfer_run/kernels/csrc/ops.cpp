@@ -133,13 +133,19 @@ void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
   for (size_t p = 0; p < q.size(); ++p) {
     require(q[p].scalar_type() == at::kInt && q[p].is_contiguous() &&
                 (tiled ? q[p].size(1) * 128 == K && q[p].size(2) == 256 : q[p].size(1) * 8 == K), q_shape);
-    require(scale[p].scalar_type() == at::kBFloat16 && scale[p].is_contiguous() && scale[p].dim() == 2 && scale[p].size(0) == n[p] &&
-                scale[p].size(1) == K / 128, "scale: bf16 [N, K/128] (group 128)");
     const std::optional<at::Tensor> z = zero.get(p);
+    if (tiled)  // tile_int4's records: the tile's scales and zero points
+      require(scale[p].scalar_type() == at::kByte && scale[p].is_contiguous() && scale[p].dim() == 3 &&
+                  scale[p].size(0) * 16 == n[p] && scale[p].size(1) * 128 == K && scale[p].size(2) == 40 && !z.has_value(),
+              "tiled: scale u8 [N/16, K/128, 40] (tile_int4's records, the zero points in them), zero None");
+    else
+      require(scale[p].scalar_type() == at::kBFloat16 && scale[p].is_contiguous() && scale[p].dim() == 2 &&
+                  scale[p].size(0) == n[p] && scale[p].size(1) == K / 128, "scale: bf16 [N, K/128] (group 128)");
     if (z.has_value())
       require(z->scalar_type() == at::kInt && z->is_contiguous() && z->dim() == 2 && z->size(0) == n[p] / 8 &&
                   z->size(1) == K / 128, "zero: i32 [N/8, K/128]");
     check_aligned("int4_gemv", q[p]);
+    if (tiled) check_aligned("int4_gemv", scale[p]);  // (the records' words are loaded as such)
     qp.push_back(q[p].data_ptr());
     sp.push_back(scale[p].data_ptr());
     zp.push_back(z.has_value() ? z->data_ptr() : nullptr);

@@ -9,7 +9,7 @@
 //   int4   q i32 [N, K/8] (element j of a word at bits 4j, offset-binary u = value + 8), scale bf16
 //          [N, K/128], zero points (asymmetric) i32 [N/8, K/128] packed along N (offset-binary v), else v = 8;
 //          or tiled (cuda_ops.tile_int4, at load): the codes' bytes in tiles as NVFP4's (words unchanged),
-//          scales and zero points row-major
+//          and each tile's 16 scales and zero points beside in one 40-byte record (Int4::load_tile_rows)
 // All pack 8 elements per 32-bit word in K order (row-major: nibble i = element i), so they share the
 // lane layout below and differ only in how a word becomes bf16 pairs (the Codec).
 //
@@ -157,6 +157,7 @@ __device__ __forceinline__ void tile_mmas(float (&acc)[2][2][4], const uint4 (&x
 
 // A's registers for MMA (t, h) are made by the codec from word t of the lane's 16 bytes of each row.
 struct Nvfp4 {
+  static constexpr bool kCapRegisters = false;  // (see Int4Tiled)
   struct Args {
     const uint8_t* scale;
     const float* s2;
@@ -245,44 +246,71 @@ __device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
 }
 
 struct Int4 {
+  static constexpr bool kCapRegisters = false;  // (capped, the row-major parts spill)
   struct Args {
-    const __nv_bfloat16* scale;
-    const int32_t* zero;  // nullptr when symmetric
+    const __nv_bfloat16* scale;  // tiled: the records (tile_int4), as bytes
+    const int32_t* zero;         // nullptr when symmetric (row-major)
   };
-  struct RowAux {
-    uint32_t zero;  // 128 + v of the row, both bf16 halves
-    float scale;    // the row's group scale
+  struct RowAux {  // as loaded; tile() makes the bf16 pair 128 + v and the float scale
+    uint32_t zero;   // the row's offset-binary zero point v (8 when symmetric)
+    uint32_t scale;  // the row's group scale, bf16 bits in the high half (a float's bits)
   };
   __device__ static RowAux load_row(const Args& a, int row, int K, int kt, int) {
     const int groups = K / kTileK;
     const uint32_t v = a.zero ? (static_cast<uint32_t>(__ldg(a.zero + (size_t)(row / 8) * groups + kt)) >> (4 * (row % 8))) & 15u : 8u;
-    return {(0x4300u | v) * 0x00010001u, __bfloat162float(__ldg(a.scale + (size_t)row * groups + kt))};
-  }
-  // Tiled int4 (cuda_ops.tile_int4): the codes only; a row's scale and zero point (3% of its bytes)
-  // stay where the artifact has them.
-  __device__ static void load_tile_rows(RowAux& ag, RowAux& ah, const Args& a, int n0, int K, int kt, int g, int c) {
-    ag = load_row(a, n0 + g, K, kt, c);
-    ah = load_row(a, n0 + g + 8, K, kt, c);
+    return {v, static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(a.scale) + (size_t)row * groups + kt)) << 16};
   }
   // A tile is one group: its MMAs sum x * (u - v) into fresh fragments, scaled per row (d0, d1: row g;
-  // d2, d3: row g + 8) into d[token half][0].
+  // d2, d3: row g + 8) into d[token half][0]. zg, zh: 128 + v of rows g and g + 8 as bf16 pairs.
   template <bool kHighTokens>
-  __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
-                                const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
+  __device__ static void group(float (&d)[2][2][4], const uint4& wg, const uint4& wh, uint32_t zg, uint32_t zh, float sg,
+                               float sh, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
     float part[2][2][4] = {};
     tile_mmas<kHighTokens, false>(part, xl, xh, [&](int t, int h, uint32_t (&a)[4]) {
       const uint32_t vg = word(wg, t), vh = word(wh, t);
-      a[0] = bf16x2_sub(h ? int4_pair<2>(vg) : int4_pair<0>(vg), ag.zero);
-      a[1] = bf16x2_sub(h ? int4_pair<2>(vh) : int4_pair<0>(vh), ah.zero);
-      a[2] = bf16x2_sub(h ? int4_pair<3>(vg) : int4_pair<1>(vg), ag.zero);
-      a[3] = bf16x2_sub(h ? int4_pair<3>(vh) : int4_pair<1>(vh), ah.zero);
+      a[0] = bf16x2_sub(h ? int4_pair<2>(vg) : int4_pair<0>(vg), zg);
+      a[1] = bf16x2_sub(h ? int4_pair<2>(vh) : int4_pair<0>(vh), zh);
+      a[2] = bf16x2_sub(h ? int4_pair<3>(vg) : int4_pair<1>(vg), zg);
+      a[3] = bf16x2_sub(h ? int4_pair<3>(vh) : int4_pair<1>(vh), zh);
     });
 #pragma unroll
     for (int th = 0; th < (kHighTokens ? 2 : 1); ++th)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) d[th][0][i] += (part[th][0][i] + part[th][1][i]) * (i < 2 ? ag.scale : ah.scale);
+      for (int i = 0; i < 4; ++i) d[th][0][i] += (part[th][0][i] + part[th][1][i]) * (i < 2 ? sg : sh);
+  }
+  template <bool kHighTokens>
+  __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
+                              const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
+    group<kHighTokens>(d, wg, wh, (0x4300u | ag.zero) * 0x00010001u, (0x4300u | ah.zero) * 0x00010001u,
+                       __uint_as_float(ag.scale), __uint_as_float(ah.scale), xl, xh);
   }
   __device__ static float out_scale(const Args&) { return 1.f; }
+};
+
+// Tiled int4 (cuda_ops.tile_int4): the codes in NVFP4's tile order and tile (n0 / 16, kt)'s 16 scales and
+// zero points in one 40-byte record: word g (g = 0..7) the bf16 scales of rows g (low half) and g + 8,
+// byte 32 + g their zero points' nibbles (row g low). A lane loads its rows' both in two loads where the
+// row-major parts take four with 64-bit row arithmetic, and keeps them packed until the tile (the
+// row-major parts cost the staged-x kernel 107 registers, half the blocks per SM).
+struct Int4Tiled : Int4 {  // Int4's arguments (scale: the records) and MMAs
+  // At M <= 8 capped to 64 registers (1,024 threads a SM: 4 blocks of 8 warps, as the NVFP4 kernels reach
+  // unforced; forcing those spills), which this one reaches with no spill; uncapped it took 70.
+  static constexpr bool kCapRegisters = true;
+  struct RowAux {
+    uint32_t zeros;   // byte 32 + g
+    uint32_t scales;  // word g
+  };
+  __device__ static void load_tile_rows(RowAux& ag, RowAux& ah, const Args& a, int n0, int K, int kt, int g, int) {
+    const uint8_t* record = reinterpret_cast<const uint8_t*>(a.scale) + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 40;
+    ag = {__ldg(record + 32 + g), __ldg(reinterpret_cast<const uint32_t*>(record) + g)};
+    ah = {};  // (both rows' in ag)
+  }
+  template <bool kHighTokens>
+  __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& both,
+                              const RowAux&, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
+    group<kHighTokens>(d, wg, wh, (0x4300u | (both.zeros & 15u)) * 0x00010001u, (0x4300u | (both.zeros >> 4)) * 0x00010001u,
+                       __uint_as_float(both.scales << 16), __uint_as_float(both.scales & 0xFFFF0000u), xl, xh);
+  }
 };
 
 // Rows g and g + 8's scales (and zero points) of K tile kt: the codec's tiled layout's or its row-major
@@ -364,8 +392,8 @@ __device__ __forceinline__ void write_rows(const float (&partial)[kWarps][kHighT
 // engine's pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
 // each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
-__global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x,
-                                                      const Parts<typename Codec::Args> parts, int M, int K) {
+__device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
+                                          int M, int K) {
   extern __shared__ uint4 x_staged[];  // kStagedX: M * K bf16
   using RowAux = typename Codec::RowAux;
   asm volatile("griddepcontrol.launch_dependents;");
@@ -427,6 +455,21 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restr
   store_partial<kHighTokens>(partial[warp], d, lane);
   __syncthreads();
   if (warp == 0) write_rows<Codec, kHighTokens, kWarps, false>(partial, parts, n0, M, lane);
+}
+
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
+__global__ void __launch_bounds__(kWarps * 32) gemv(const __nv_bfloat16* __restrict__ x,
+                                                      const Parts<typename Codec::Args> parts, int M, int K) {
+  gemv_body<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K);
+}
+
+// The same with registers capped for 1,024 threads a SM (Codec::kCapRegisters, M <= 8). (A minimum of
+// blocks is not neutral: the NVFP4 kernels, 64 registers unforced, take 101 with a minimum of 1 and
+// spill with 4.)
+template <class Codec, int kWarps, int kDepth, bool kTiled, bool kStagedX>
+__global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_capped(const __nv_bfloat16* __restrict__ x,
+                                                      const Parts<typename Codec::Args> parts, int M, int K) {
+  gemv_body<Codec, false, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K);
 }
 
 // The bulk-copy pipeline (tiled NVFP4). In the kernel above a warp's next loads wait for its arithmetic
@@ -594,6 +637,13 @@ struct Launch {  // cudaLaunchKernelEx's configuration, with or without programm
   }
 };
 
+// The kernel for M <= 8 rows (capped where the codec asks).
+template <class Codec, int kWarps, int kDepth, bool kTiled, bool kStagedX>
+constexpr auto low_rows_kernel() {
+  if constexpr (Codec::kCapRegisters) return gemv_capped<Codec, kWarps, kDepth, kTiled, kStagedX>;
+  else return gemv<Codec, false, kWarps, kDepth, kTiled, kStagedX>;
+}
+
 template <class Codec, int kWarps, int kDepth, bool kTiled>
 cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
                         int pipeline, cudaStream_t stream) {
@@ -604,12 +654,12 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
     constexpr int kPartialBytes = sizeof(float[kWarps][4][32]);
     if (pipeline == kRingStagedX && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
       Launch l(blocks, kWarps * 32, M * K * 2, pdl, stream);
-      return cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, true>, xb, parts, M, K);
+      return cudaLaunchKernelEx(&l.config, low_rows_kernel<Codec, kWarps, kDepth, kTiled, true>(), xb, parts, M, K);
     }
   }
   Launch l(blocks, kWarps * 32, 0, pdl, stream);
   return M > 8 ? cudaLaunchKernelEx(&l.config, gemv<Codec, true, kWarps, kDepth, kTiled, false>, xb, parts, M, K)
-               : cudaLaunchKernelEx(&l.config, gemv<Codec, false, kWarps, kDepth, kTiled, false>, xb, parts, M, K);
+               : cudaLaunchKernelEx(&l.config, low_rows_kernel<Codec, kWarps, kDepth, kTiled, false>(), xb, parts, M, K);
 }
 
 template <int kWarps, int kStages, bool kGlu>
@@ -719,6 +769,6 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
   ninfer_sm90::Parts<Int4::Args> parts;
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, count, n);
   return static_cast<int>(
-      tiled ? ninfer_sm90::dispatch_ring<Int4, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream)
+      tiled ? ninfer_sm90::dispatch_ring<ninfer_sm90::Int4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream)
             : ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream));
 }
