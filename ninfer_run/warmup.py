@@ -2,10 +2,12 @@
 use happens at start-up and not inside a user's first time to first token.
 
 What a first request would otherwise pay: Triton compiles the prefill kernels of a first chunk, of a
-chunk that attends to earlier KV and of a ragged last chunk (their shapes specialise differently), and
-the engine captures one sequence's decode (and speculative) graphs. On a fresh H200 the first 100K
-prompt of the 27B took 28.8 s against 16.8 s once compiled (tools/results/gpu_notes.md, stop 18).
-Triton keeps its compiled kernels on disk, so a restart pays much less.
+chunk that attends to earlier KV and of a ragged last chunk (their shapes specialise differently: fla-core's
+l2norm kernel autotunes 25 configurations for each bucket of cdiv(tokens x heads, 65536), and a short last
+chunk falls in a bucket no full chunk reaches), and the engine captures one sequence's decode (and
+speculative) graphs. On a fresh H200 the first 100K prompt of the 27B took 27.4 s with those l2norm
+compiles in it against 16.8 s after this warm-up (tools/results/gpu_notes.md, stop 19). Triton keeps its
+compiled kernels on disk, so a restart pays much less.
 """
 
 from __future__ import annotations
