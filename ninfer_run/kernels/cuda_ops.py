@@ -139,9 +139,6 @@ def tiles_int4(n: int, k: int, bits: int, group: int, scale: torch.Tensor) -> bo
     return bits == 4 and group == TILE_K and scale.dtype == torch.bfloat16 and tiles_nvfp4(n, k)
 
 
-INT4_RECORD = 40  # bytes of a tile's scales and zero points in tile_int4's layout
-
-
 def tile_int4(qweight: torch.Tensor, scale: torch.Tensor,
               zero_point: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """int4-g128 codes i32 [N, K/8], bf16 scales [N, K/128], zero points (None: symmetric) i32 [N/8, K/128]
@@ -162,8 +159,7 @@ def tile_int4(qweight: torch.Tensor, scale: torch.Tensor,
         v = ((zero_point[:, None, :] >> shifts[None, :, None]) & 15).reshape(n, t)  # row 8 r + j: word r's nibble j
     v = v.view(n // 16, 2, 8, t)
     zeros = (v[:, 0] | (v[:, 1] << 4)).permute(0, 2, 1).to(torch.uint8)  # [.., t, g]
-    records = torch.cat([scales.view(n // 16, t, 16).view(torch.uint8), zeros], dim=2)
-    return codes, records.contiguous()
+    return codes, torch.cat([scales.view(n // 16, t, 16).view(torch.uint8), zeros], dim=2)
 
 
 PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependent launches (csrc)

@@ -132,9 +132,10 @@ def dequantize(qweight, scale, zero_point, bits: int, group: int, k: int, out: t
     if tiled and zero_point is not None:
         raise ValueError("the tiled layout keeps the zero points in its records (tile_int4): zero_point None")
     w = out if out is not None else torch.empty(n, k, dtype=dtype, device=qweight.device)
-    zp = zero_point if zero_point is not None else scale
-    if tiled:
+    if tiled:  # the records: their scales as int16, their zero points' bytes
         scale, zp = scale.view(torch.int16), scale
+    else:
+        zp = zero_point if zero_point is not None else scale
     _dequant_kernel[(triton.cdiv(n, block_n), k // group)](
         qweight, scale, zp, w, n, k, GROUP=group, BITS=bits, HAS_ZP=zero_point is not None, BLOCK_N=block_n,
         TILED=tiled)

@@ -245,6 +245,9 @@ __device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
   return d;
 }
 
+// A zero point v (offset-binary, 0..15) as the bf16 pair 128 + v, the bias int4_pair's halves carry.
+__device__ __forceinline__ uint32_t biased_zero_pair(uint32_t v) { return (0x4300u | v) * 0x00010001u; }
+
 struct Int4 {
   static constexpr bool kCapRegisters = false;  // (capped, the row-major parts spill)
   struct Args {
@@ -281,7 +284,7 @@ struct Int4 {
   template <bool kHighTokens>
   __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
                               const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
-    group<kHighTokens>(d, wg, wh, (0x4300u | ag.zero) * 0x00010001u, (0x4300u | ah.zero) * 0x00010001u,
+    group<kHighTokens>(d, wg, wh, biased_zero_pair(ag.zero), biased_zero_pair(ah.zero),
                        __uint_as_float(ag.scale), __uint_as_float(ah.scale), xl, xh);
   }
   __device__ static float out_scale(const Args&) { return 1.f; }
@@ -308,7 +311,7 @@ struct Int4Tiled : Int4 {  // Int4's arguments (scale: the records) and MMAs
   template <bool kHighTokens>
   __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& both,
                               const RowAux&, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
-    group<kHighTokens>(d, wg, wh, (0x4300u | (both.zeros & 15u)) * 0x00010001u, (0x4300u | (both.zeros >> 4)) * 0x00010001u,
+    group<kHighTokens>(d, wg, wh, biased_zero_pair(both.zeros & 15u), biased_zero_pair(both.zeros >> 4),
                        __uint_as_float(both.scales << 16), __uint_as_float(both.scales & 0xFFFF0000u), xl, xh);
   }
 };
