@@ -351,7 +351,7 @@ def mlp_chain(device: str) -> list[dict]:
     weights in one CUDA graph, as the engine's decode graphs replay it (M = 1), launched each way: the
     three GEMVs apart, gate and up as one launch (grouped), and grouped as programmatic dependent launches
     (pdl), without the norm and SiLU-mul kernels between (GEMVs alone), with x staged in shared memory
-    (ring-staged-x, the engine's default), and the bulk pipeline in each of its shapes and with gate, up and
+    (ring-staged-x), with each NVFP4 block an MMA column (ring-block-columns, M = 1), and the bulk pipeline in each of its shapes and with gate, up and
     SiLU-mul as one launch (glu); beside it a flat read of the
     same weight bytes, one launch per weight (tools/csrc/gemv_read_floor.cu), in the same graph form:
     what a chain of memory-bound launches can reach; and the GEMV's own loads alone (its blocks, warps and
@@ -394,14 +394,20 @@ def mlp_chain(device: str) -> list[dict]:
             n, k = shapes["down" if name == "down" else "up"]
             if mode == "flat":
                 floor(w[name][0], w[name][1], sink, n, k, "flat", 1, 4, 4 * sms)
-            else:  # the GEMV's blocks, warps and ring (8 x 2), its loads only
-                floor(w[name][0], w[name][1], sink, n, k, "split", 8, 2, 0)
+            else:  # the GEMV's blocks, warps and ring (8 x 2), its loads only ("split:B": B blocks a SM at most)
+                floor(w[name][0], w[name][1], sink, n, k, mode, 8, 2, 0)
 
     variants = {"separate": lambda w: block(w, False, False), "grouped": lambda w: block(w, True, False),
                 "grouped+pdl": lambda w: block(w, True, True),
                 "GEMVs alone": lambda w: block(w, True, True, small_ops=False), "flat read": reads,
                 "read in the GEMV's layout": lambda w: reads(w, "split"),
+                # at the GEMV's occupancy (its 64 registers: 4 blocks of 8 warps a SM), and below it
+                **{f"read in the GEMV's layout, {b} blocks a SM": lambda w, b=b: reads(w, f"split:{b}") for b in (4, 3, 2)},
                 "grouped+pdl staged x": lambda w: block(w, True, True, pipeline="ring-staged-x"),
+                "grouped+pdl block columns": lambda w: block(w, True, True, pipeline="ring-block-columns"),
+                "block columns GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="ring-block-columns"),
+                **{f"block columns {a}x{b}": lambda w, s=(a, b): block(w, True, True, s, pipeline="ring-block-columns")
+                   for a, b in ((16, 2), (8, 4), (4, 2))},
                 "bulk grouped": lambda w: block(w, True, False, pipeline="bulk"),
                 "bulk GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="bulk"),
                 "bulk glu+pdl": lambda w: block(w, True, True, pipeline="bulk", glu=True),

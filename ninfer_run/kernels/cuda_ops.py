@@ -166,10 +166,12 @@ PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependen
 # How the NVFP4 GEMV streams the tiled layout's weights (csrc Pipeline): "ring" (each warp keeps its next
 # tiles in registers), "ring-staged-x" (the ring, x copied to shared memory first where it fits in 48 KB
 # with the partial sums, else the plain ring), "bulk" (a producer warp streams each block's rows through
-# shared memory with bulk asynchronous copies; gate, up and SiLU-mul can share its launch), or "auto":
+# shared memory with bulk asynchronous copies; gate, up and SiLU-mul can share its launch),
+# "ring-block-columns" (at M = 1 the staged ring with each NVFP4 block an MMA column, so the block scales
+# multiply fp32 sums, 4 a tile, not the codes, 32: csrc Nvfp4Columns; other rows as ring-staged-x), or "auto":
 # ring-staged-x (in adjacent engine runs on the H200 it beat bulk + GLU at C = 1 by 2-3% and the ring at
 # C = 2 and 4 by 3%: tools/results/gpu_notes.md, stop 18). The row-major layout has the ring only.
-PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2}
+PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2, "ring-block-columns": 3}
 PIPELINE_NAMES = (*PIPELINES, "auto")
 PIPELINE = os.environ.get("NINFER_GEMV_PIPELINE", "auto")
 if PIPELINE not in PIPELINE_NAMES:

@@ -191,7 +191,32 @@ def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
-@pytest.mark.parametrize("pipeline", ["ring", "ring-staged-x", "bulk"])
+# (1, 5120, 17408): the down projection, x and its zeros 34 KB; (1, 16, 128): one tile, 7 of 8 warps idle;
+# (2, ...), (8, ...): more rows than one, the staged ring instead
+@pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (1, 17408, 5120), (1, 1040, 2432), (1, 16, 128),
+                                    (2, 1040, 5120), (8, 1024, 2048)])
+def test_cuda_gemv_with_block_columns_matches_reference(m, n, kk):
+    """csrc's Nvfp4Columns (ring-block-columns): each NVFP4 block an MMA column, its scale applied to the
+    fp32 sum. The codes' full range (0.5: a bf16 subnormal in the MMA), zero, negative and subnormal scales,
+    x of 1e-12 to 1e4 (staged times 2^100, which must stay exact)."""
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    q, s8, s2 = _weight(n, kk, m + kk + 1)
+    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(n + 3))
+    for scales in (s8, _odd_scales(s8, n)):
+        tiled = [(*cuda_ops.tile_nvfp4(q, scales), s2)]
+        for magnitude in (1.0, 1e-12, 1e4):
+            xm = (x * magnitude).to(DEVICE, DTYPE)
+            ref = k.reference(xm, q, scales, s2)
+            for shape in sorted(cuda_ops.GEMV_SHAPES):
+                (out,) = cuda_ops.nvfp4_gemv_group(xm, tiled, shape, tiled=True, pipeline="ring-block-columns")
+                assert rounded_once(out, ref), (magnitude, shape)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+@pytest.mark.parametrize("pipeline", ["ring", "ring-staged-x", "bulk", "ring-block-columns"])
 def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x(pipeline):
     """A GEMV launched as a programmatic dependent starts while the kernel before it runs (the norm lets
     it: kernels/common.launch_dependents) and streams weights; it must read x only after that kernel's

@@ -183,6 +183,69 @@ def test_tiled_nvfp4_views_scales_and_k_order_are_exact():
     assert float((y - ref).norm() / ref.norm()) < 1e-12
 
 
+def test_block_columns_keep_each_block_apart_and_scale_it_exactly():
+    """Nvfp4Columns (ring-block-columns, M = 1): per tile 16 m16n8k8 MMAs (A rows g, g + 8 at K slots 2c,
+    2c + 1; B slots 2c, 2c + 1 of column g), A = view i % 4 of word i / 4 (even) or 2 + i / 4 (odd) of lane
+    c's bytes, B = x * 2^100 in lanes g = 2c only (zeros elsewhere); the scales of rows g / g + 8, blocks 2c
+    and 2c + 1 applied to accumulator entries c0 / c2 of the even and odd MMAs, then rows summed over the
+    lane group. Equal to the reference only if each column really holds one block of one lane group."""
+    from ninfer_run.kernels.cuda_ops import _signless_scales, encode_views
+
+    for text in ("mma_bf16_k8(even, view(word(wg, t), v), view(word(wh, t), v), word(x[t], v));",
+                 "mma_bf16_k8(odd, view(word(wg, 2 + t), v), view(word(wh, 2 + t), v), word(x[2 + t], v));",
+                 "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32", "ag.scales |= ah.scales << 16;",
+                 "const float2 sg = scales_float(ag.scales), sh = scales_float(ag.scales >> 16);",
+                 "d[0][0][0] += even[0] * sg.x;", "d[0][0][1] += odd[0] * sg.y;", "d[0][0][2] += even[2] * sh.x;",
+                 "d[0][0][3] += odd[2] * sh.y;", "float rows[2] = {d[0][0][0] + d[0][0][1], d[0][0][2] + d[0][0][3]};",
+                 "shared_address(x_staged) + (g == 2 * c ? 64 * c + 2 * kTileK * warp : 2 * K)",
+                 "const uint32_t x_step = g == 2 * c ? 2 * kTileK * kWarps : 0;",
+                 "load_shared(xl[0], xl[1], x_next);", "load_shared(xl[2], xl[3], x_next + 32);",
+                 "constexpr uint32_t kTwoTo100 = 0x71807180u;"):
+        assert text in SOURCE, text
+    assert _bf16(torch.tensor(0x7180)).item() == 2.0**100
+    n = 32
+    g = torch.Generator().manual_seed(6)
+    q, s8, s2 = quantize_nvfp4(torch.randn(n, K, generator=g) * 0.05)
+    raw = s8.view(torch.uint8).clone()
+    kind = torch.randint(0, 6, raw.shape, generator=g)
+    raw = torch.where(kind == 0, 0, torch.where(kind == 1, 0x80, torch.where(kind == 2, raw | 0x80, raw)))
+    odd_scales = torch.where(kind == 3, torch.randint(1, 8, raw.shape, generator=g, dtype=torch.uint8), raw)
+    odd_scales = odd_scales.to(torch.uint8).view(s8.dtype)
+    x = torch.randn(1, K, generator=g).bfloat16()
+    codes, scales = _signless_scales(q, odd_scales)
+    words, xs = _words(encode_views(codes)), x.double()[0] * 2.0**100
+    scale = scales.view(torch.float8_e4m3fn).double()  # sign-less: e4m3 -> f16 -> f32 is exact
+    y = torch.zeros(n, dtype=torch.float64)
+    for n0 in range(0, n, 16):
+        d = torch.zeros(8, 4, 4, dtype=torch.float64)  # lane (g, c)'s d[0][0][0..3]
+        for kt in range(K // 128):
+            for parity in (0, 1):  # even MMAs: the lane's block 2c (words 0-1), odd: 2c + 1 (words 2-3)
+                acc = torch.zeros(16, 8, dtype=torch.float64)
+                for i in range(8):
+                    t, v = i >> 2, i & 3
+                    a, b = torch.zeros(16, 8, dtype=torch.float64), torch.zeros(8, 8, dtype=torch.float64)
+                    for gg in range(8):
+                        for c in range(4):
+                            for row in (gg, gg + 8):  # a0, a1
+                                w = words[n0 + row, kt * 16 + 4 * c + 2 * parity + t]
+                                a[row, 2 * c], a[row, 2 * c + 1] = _halves(_fp4_view(w, v))
+                            if gg == 2 * c:  # b0; every other lane reads zeros
+                                k0 = kt * 128 + 32 * c + 16 * parity + 8 * t + 2 * v
+                                b[2 * c, gg], b[2 * c + 1, gg] = xs[k0], xs[k0 + 1]
+                    acc += a @ b
+                for gg in range(8):
+                    for c in range(4):  # c0 = (row g, column 2c), c2 = (row g + 8, column 2c)
+                        block = kt * 8 + 2 * c + parity
+                        d[gg, c, parity] += acc[gg, 2 * c] * scale[n0 + gg, block]
+                        d[gg, c, 2 + parity] += acc[gg + 8, 2 * c] * scale[n0 + gg + 8, block]
+        y[n0 : n0 + 8] = (d[:, :, 0] + d[:, :, 1]).sum(1)
+        y[n0 + 8 : n0 + 16] = (d[:, :, 2] + d[:, :, 3]).sum(1)
+    y = y * float(s2) * 2.0**26
+    exact = E2M1_VALUES.double()[unpack_nibbles(q).long()] * odd_scales.double().repeat_interleave(16, dim=1) * float(s2)
+    ref = x.double()[0] @ exact.T
+    assert float((y - ref).norm() / ref.norm()) < 1e-12
+
+
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_int4_decode_and_k_order_are_exact(symmetric):
     g = torch.Generator().manual_seed(3)

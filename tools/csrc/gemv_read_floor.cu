@@ -2,7 +2,7 @@
 // tiled NVFP4 codes and scales (csrc/quant_gemv_sm90.cu, kTiled) with no decode and no MMA (the loads
 // are XOR-folded into one word per thread so they stay), in three work layouts:
 //   split     the GEMV's: one block per 16-row tile, its warps split the K tiles, a ring of kDepth
-//             tiles in flight per warp;
+//             tiles in flight per warp ("split:B": at most B blocks a SM, as the GEMV's registers allow);
 //   persist   the same tiles, but `grid` blocks that each walk row tiles blockIdx.x, + grid, ... with the
 //             ring running on across row tiles (no block churn, the pipeline never drains);
 //   flat      a plain grid-stride read of the same bytes, 16 B per lane, kDepth loads in flight per
@@ -91,9 +91,20 @@ __global__ void __launch_bounds__(256) read_flat(const uint4* __restrict__ a, si
   out[(size_t)blockIdx.x * blockDim.x + threadIdx.x] = read_range<kDepth>(a, na) ^ read_range<kDepth>(b, nb);
 }
 
+// per_sm > 0: at most that many blocks a SM, by asking for an unused share of shared memory (the GEMV's
+// registers allow it 4 blocks of 8 warps: are its loads as fast at its occupancy?).
 template <int kWarps, int kDepth>
-void launch_tiles(const Tiles& t, uint32_t* out, int row_tiles, int grid, cudaStream_t stream) {
-  read_tiles<kWarps, kDepth><<<grid ? grid : row_tiles, kWarps * 32, 0, stream>>>(t, out, row_tiles, grid != 0);
+void launch_tiles(const Tiles& t, uint32_t* out, int row_tiles, int grid, int per_sm, cudaStream_t stream) {
+  auto* kernel = read_tiles<kWarps, kDepth>;
+  size_t shared = 0;
+  if (per_sm > 0) {
+    int device = 0, per_sm_bytes = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&per_sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    shared = (per_sm_bytes / per_sm - 1024) / 1024 * 1024 - 1024;  // (each block also takes 1 KB reserved)
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+  }
+  kernel<<<grid ? grid : row_tiles, kWarps * 32, shared, stream>>>(t, out, row_tiles, grid != 0);
 }
 
 }  // namespace
@@ -117,19 +128,21 @@ void read_floor(torch::Tensor q, torch::Tensor s, torch::Tensor out, int64_t n, 
       default: TORCH_CHECK(false, "flat depth not built: ", depth);
     }
   } else {
-    TORCH_CHECK(mode == "split" || mode == "persist", "mode: split, persist or flat");
-    const int blocks = mode == "split" ? 0 : grid;
+    // "split:B": split with at most B blocks a SM
+    const int per_sm = mode.rfind("split:", 0) == 0 ? std::stoi(mode.substr(6)) : 0;
+    TORCH_CHECK(mode == "split" || mode == "persist" || per_sm > 0, "mode: split, split:B, persist or flat");
+    const int blocks = mode == "persist" ? grid : 0;
     TORCH_CHECK(out.numel() >= (blocks ? blocks : row_tiles) * warps * 32, "out too small");
     const Tiles t{q.data_ptr<uint8_t>(), s.data_ptr<uint8_t>(), static_cast<int>(k / 128)};
     switch (warps * 10 + depth) {
-      case 42: launch_tiles<4, 2>(t, sink, row_tiles, blocks, stream); break;
-      case 44: launch_tiles<4, 4>(t, sink, row_tiles, blocks, stream); break;
-      case 48: launch_tiles<4, 8>(t, sink, row_tiles, blocks, stream); break;
-      case 82: launch_tiles<8, 2>(t, sink, row_tiles, blocks, stream); break;
-      case 84: launch_tiles<8, 4>(t, sink, row_tiles, blocks, stream); break;
-      case 88: launch_tiles<8, 8>(t, sink, row_tiles, blocks, stream); break;
-      case 162: launch_tiles<16, 2>(t, sink, row_tiles, blocks, stream); break;
-      case 164: launch_tiles<16, 4>(t, sink, row_tiles, blocks, stream); break;
+      case 42: launch_tiles<4, 2>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 44: launch_tiles<4, 4>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 48: launch_tiles<4, 8>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 82: launch_tiles<8, 2>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 84: launch_tiles<8, 4>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 88: launch_tiles<8, 8>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 162: launch_tiles<16, 2>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 164: launch_tiles<16, 4>(t, sink, row_tiles, blocks, per_sm, stream); break;
       default: TORCH_CHECK(false, "shape not built: ", warps, "x", depth);
     }
   }

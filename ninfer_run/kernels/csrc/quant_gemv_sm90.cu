@@ -47,13 +47,24 @@
 // (griddepcontrol.wait) before it reads x: the weight stream starts while the previous kernel drains.
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 namespace ninfer_sm90 {
 
 constexpr int kTileK = 128;   // K values per warp tile: 4 lanes x 32
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void load_shared(uint4& a, uint4& b, uint32_t address) {  // 32 bytes
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%8];\n\tld.shared.v4.u32 {%4, %5, %6, %7}, [%8 + 16];"
+               : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w), "=r"(b.x), "=r"(b.y), "=r"(b.z), "=r"(b.w) : "r"(address));
+}
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 v;
@@ -96,6 +107,14 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The m16n8k8 form (Nvfp4Columns): A rows g, g + 8 at K 2c, 2c + 1; B K 2c, 2c + 1 of column g.
+__device__ __forceinline__ void mma_bf16_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b));
 }
 
 // x[row, k0 .. k0+31] (64 bytes) as four uint4, zero for rows past M; kShared: x is in shared memory.
@@ -158,6 +177,8 @@ __device__ __forceinline__ void tile_mmas(float (&acc)[2][2][4], const uint4 (&x
 // A's registers for MMA (t, h) are made by the codec from word t of the lane's 16 bytes of each row.
 struct Nvfp4 {
   static constexpr bool kCapRegisters = false;  // (see Int4Tiled)
+  static constexpr bool kBlockColumns = false;  // (see Nvfp4Columns)
+  __device__ static void finish(float (&)[2][2][4]) {}
   struct Args {
     const uint8_t* scale;
     const float* s2;
@@ -233,6 +254,68 @@ struct Nvfp4Tiled : Nvfp4 {  // Nvfp4's arguments, scale bytes and output scale;
   }
 };
 
+// One token (M = 1) of the tiled NVFP4 layout, the block scales applied to fp32 sums instead of to the
+// codes (pipeline ring-block-columns). At one token 7 of B's 8 columns idle; here they keep the blocks
+// apart. A tile is 16 m16n8k8 MMAs: for i = 0..7, an "even" one whose A is lane 4g + c's block 2c (view
+// i % 4 of word i / 4, rows g and g + 8: K slots 2c, 2c + 1) and an "odd" one with its block 2c + 1 (word
+// 2 + i / 4). B (x) is non-zero in lane g = 2c only, b0 = the same positions of x: column 2c then sums
+// lane group c's block alone, for every row. Lanes g != 2c read 64 zero bytes after x in shared memory (a
+// lane-constant address, no select), so each lane's accumulators c0 / c2 hold rows g / g + 8 of its own
+// block - the very blocks of the scale bytes it loads - and four FFMAs a tile apply the scales where the
+// ring's kernel takes 32 bf16 multiplies of the codes: 133 instructions a tile against its 165 (SASS).
+// Exactness: the codes enter the MMAs as value * 2^-126 (bf16, subnormal for 0.5) and x as x * 2^100
+// (scaled exactly when staged), so the products are value * x * 2^-26, as the ring's kernel's.
+struct Nvfp4Columns : Nvfp4Tiled {
+  static constexpr bool kBlockColumns = true;
+  static constexpr bool kCapRegisters = false;  // 64 registers, no spill (x and the tile ahead at carried addresses)
+  // Rows g and g + 8's scale bytes of K tile kt as loaded (ag: both rows, row g in the low half).
+  __device__ static void load_tile_rows(RowAux& ag, RowAux& ah, const Args& args, int n0, int K, int kt, int g, int c) {
+    Nvfp4Tiled::load_tile_rows(ag, ah, args, n0, K, kt, g, c);
+    ag.scales |= ah.scales << 16;
+    ah = {};
+  }
+  template <bool kHighTokens>
+  __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
+                              const RowAux&, const uint4 (&x)[4], const uint4 (&)[4]) {
+    static_assert(!kHighTokens, "one token");
+    float even[4] = {}, odd[4] = {};  // fresh each tile (a tile's scales are its own)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int t = i >> 2, v = i & 3;
+      mma_bf16_k8(even, view(word(wg, t), v), view(word(wh, t), v), word(x[t], v));
+      mma_bf16_k8(odd, view(word(wg, 2 + t), v), view(word(wh, 2 + t), v), word(x[2 + t], v));
+    }
+    const float2 sg = scales_float(ag.scales), sh = scales_float(ag.scales >> 16);
+    d[0][0][0] += even[0] * sg.x;
+    d[0][0][1] += odd[0] * sg.y;
+    d[0][0][2] += even[2] * sh.x;
+    d[0][0][3] += odd[2] * sh.y;
+  }
+  // The warp's end: rows g and g + 8 summed over the lane group's blocks into the accumulator slots of
+  // token 0 (c = 0's 0 and 2), where store_partial and write_rows take them.
+  __device__ static void finish(float (&d)[2][2][4]) {
+    float rows[2] = {d[0][0][0] + d[0][0][1], d[0][0][2] + d[0][0][3]};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      rows[r] += __shfl_xor_sync(0xFFFFFFFFu, rows[r], 1);
+      rows[r] += __shfl_xor_sync(0xFFFFFFFFu, rows[r], 2);
+    }
+    d[0][0][0] = rows[0];
+    d[0][0][2] = rows[1];
+  }
+
+ private:
+  __device__ static uint32_t view(uint32_t w, int v) {  // (v: a constant once unrolled)
+    return v == 0 ? fp4_view<0>(w) : v == 1 ? fp4_view<1>(w) : v == 2 ? fp4_view<2>(w) : fp4_view<3>(w);
+  }
+  // A row's two scale bytes (blocks 2c, 2c + 1) as floats, exact (e4m3 -> f16 in hardware, then f32).
+  __device__ static float2 scales_float(uint32_t bytes) {
+    uint32_t h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(bytes)));
+    return __half22float2(*reinterpret_cast<const __half2*>(&h));
+  }
+};
+
 // Nibble pair (i, i + 4) of word w as bf16 halves 128 + nibble. I is 0..3.
 template <int I>
 __device__ __forceinline__ uint32_t int4_pair(uint32_t w) {
@@ -250,6 +333,8 @@ __device__ __forceinline__ uint32_t biased_zero_pair(uint32_t v) { return (0x430
 
 struct Int4 {
   static constexpr bool kCapRegisters = false;  // (capped, the row-major parts spill)
+  static constexpr bool kBlockColumns = false;
+  __device__ static void finish(float (&)[2][2][4]) {}
   struct Args {
     const __nv_bfloat16* scale;  // tiled: the records (tile_int4), as bytes
     const int32_t* zero;         // nullptr when symmetric (row-major)
@@ -429,10 +514,32 @@ __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, c
   const __nv_bfloat16* xs = x;
   if constexpr (kStagedX) {
     const uint4* rows = reinterpret_cast<const uint4*>(x);
-    for (int i = threadIdx.x; i < M * K / 8; i += kWarps * 32) x_staged[i] = __ldg(rows + i);
+    if constexpr (Codec::kBlockColumns) {  // x * 2^100, then 64 zero bytes
+      for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32) {
+        constexpr uint32_t kTwoTo100 = 0x71807180u;  // bf16 2^100 in both halves
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (i < K / 8) {
+          v = __ldg(rows + i);
+          v = make_uint4(bf16x2_mul(v.x, kTwoTo100), bf16x2_mul(v.y, kTwoTo100), bf16x2_mul(v.z, kTwoTo100),
+                         bf16x2_mul(v.w, kTwoTo100));
+        }
+        x_staged[i] = v;
+      }
+    } else {
+      for (int i = threadIdx.x; i < M * K / 8; i += kWarps * 32) x_staged[i] = __ldg(rows + i);
+    }
     __syncthreads();
     xs = reinterpret_cast<const __nv_bfloat16*>(x_staged);
   }
+  // Nvfp4Columns: lane g = 2c reads B's x, its group's 32 values of each tile; the others the zeros after x.
+  // (An address carried from tile to tile: recomputed from the lane index it cost ~20 instructions a tile.)
+  const uint32_t x_step = g == 2 * c ? 2 * kTileK * kWarps : 0;  // bytes from one of the warp's tiles to the next
+  uint32_t x_next = shared_address(x_staged) + (g == 2 * c ? 64 * c + 2 * kTileK * warp : 2 * K);
+  // Nvfp4Columns: the tile kDepth steps ahead's codes and scale words (Nvfp4Tiled::load_tile_rows' both rows)
+  // at addresses carried from tile to tile, as x's.
+  const uint8_t* w_ahead = wg_lane + (size_t)(warp + kDepth * kWarps) * kStride;
+  const uint32_t* scales_ahead = reinterpret_cast<const uint32_t*>(
+      reinterpret_cast<const uint8_t*>(args.scale) + ((size_t)(n0 / 16) * tiles + warp + kDepth * kWarps) * 128) + lane;
   float d[2][2][4] = {};
   for (int s = 0; s < steps; s += kRing) {
 #pragma unroll
@@ -442,18 +549,33 @@ __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, c
         if (s + i + kDepth < steps) {  // the tile kDepth steps ahead, into the slot the last step freed
           const int slot = (i + kDepth) % kRing;  // (a constant: the loop is unrolled)
           const int next = kt + kDepth * kWarps;
-          wg[slot] = load_stream(wg_lane + (size_t)next * kStride);
-          wh[slot] = load_stream(wh_lane + (size_t)next * kStride);
-          load_rows<Codec, kTiled>(ag[slot], ah[slot], args, n0, K, next, g, c);
+          if constexpr (Codec::kBlockColumns) {
+            wg[slot] = load_stream(w_ahead);
+            wh[slot] = load_stream(w_ahead + 512);
+            ag[slot] = {__ldg(scales_ahead)};
+          } else {
+            wg[slot] = load_stream(wg_lane + (size_t)next * kStride);
+            wh[slot] = load_stream(wh_lane + (size_t)next * kStride);
+            load_rows<Codec, kTiled>(ag[slot], ah[slot], args, n0, K, next, g, c);
+          }
         }
+        w_ahead += kWarps * kStride;
+        scales_ahead += kWarps * 32;
         const int k0 = kt * kTileK + 32 * c;
         uint4 xl[4], xh[4];
-        load_x<kStagedX>(xl, xs, g, M, K, k0);
-        if (kHighTokens) load_x<kStagedX>(xh, xs, g + 8, M, K, k0);
+        if constexpr (Codec::kBlockColumns) {
+          load_shared(xl[0], xl[1], x_next);
+          load_shared(xl[2], xl[3], x_next + 32);
+          x_next += x_step;
+        } else {
+          load_x<kStagedX>(xl, xs, g, M, K, k0);
+          if (kHighTokens) load_x<kStagedX>(xh, xs, g + 8, M, K, k0);
+        }
         Codec::template tile<kHighTokens>(d, wg[i], wh[i], ag[i], ah[i], xl, xh);
       }
     }
   }
+  Codec::finish(d);
   __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
   store_partial<kHighTokens>(partial[warp], d, lane);
   __syncthreads();
@@ -483,10 +605,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_capped
 // cost shared memory only and keep coming while the warps compute. A slot holds one chunk: kWarps
 // consecutive K tiles, codes and scales (two copies), tile w for consumer warp w. A consumer frees the slot
 // (the empty barrier) as soon as its tile is in registers; the producer refills it with chunk j + kStages.
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void barrier_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
 }
@@ -622,8 +740,9 @@ constexpr int kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a kerne
 
 // How a launch streams its weights (ops.cpp's `pipeline`): the register ring, the ring with x staged
 // in shared memory (tiled NVFP4, M <= 8, x and the partial sums within 48 KB; else the plain ring), the bulk-copy pipeline
-// (tiled NVFP4 only).
-enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2 };
+// (tiled NVFP4 only), or the staged ring with the block scales as MMA columns at M = 1 (Nvfp4Columns, tiled
+// NVFP4; other rows as ring-staged-x).
+enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3 };
 
 struct Launch {  // cudaLaunchKernelEx's configuration, with or without programmatic dependent launch
   cudaLaunchAttribute attribute{};
@@ -655,7 +774,15 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
     // x and the kernel's static partial sums within the 48 KB a block gets without an opt-in (o_proj's
     // K = 6144 at M = 4 is exactly 48 KB of x: that launch failed until the partials were counted)
     constexpr int kPartialBytes = sizeof(float[kWarps][4][32]);
-    if (pipeline == kRingStagedX && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
+    if constexpr (std::is_same_v<Codec, Nvfp4Tiled>) {
+      const int x_bytes = K * 2 + 64;  // x and the zeros Nvfp4Columns' idle lanes read
+      if (pipeline == kRingBlockColumns && M == 1 && x_bytes + kPartialBytes <= kDefaultSharedBytes) {
+        Launch l(blocks, kWarps * 32, x_bytes, pdl, stream);
+        return cudaLaunchKernelEx(&l.config, low_rows_kernel<Nvfp4Columns, kWarps, kDepth, true, true>(), xb, parts, M, K);
+      }
+    }
+    const bool staged = pipeline == kRingStagedX || pipeline == kRingBlockColumns;
+    if (staged && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
       Launch l(blocks, kWarps * 32, M * K * 2, pdl, stream);
       return cudaLaunchKernelEx(&l.config, low_rows_kernel<Codec, kWarps, kDepth, kTiled, true>(), xb, parts, M, K);
     }
@@ -764,6 +891,7 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
                           bool tiled, bool pdl, int pipeline, cudaStream_t stream) {
   using ninfer_sm90::Int4;
   if (count < 1 || count > ninfer_sm90::kMaxParts || pipeline == ninfer_sm90::kBulk ||
+      pipeline == ninfer_sm90::kRingBlockColumns ||
       (!tiled && pipeline != ninfer_sm90::kRing))
     return static_cast<int>(cudaErrorInvalidValue);
   Int4::Args args[ninfer_sm90::kMaxParts];
