@@ -168,9 +168,10 @@ PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependen
 # with the partial sums, else the plain ring), "bulk" (a producer warp streams each block's rows through
 # shared memory with bulk asynchronous copies; gate, up and SiLU-mul can share its launch),
 # "ring-block-columns" (at M = 1 the staged ring with each NVFP4 block an MMA column, so the block scales
-# multiply fp32 sums, 4 a tile, not the codes, 32: csrc Nvfp4Columns; other rows as ring-staged-x), or "auto":
-# ring-staged-x (in adjacent engine runs on the H200 it beat bulk + GLU at C = 1 by 2-3% and the ring at
-# C = 2 and 4 by 3%: tools/results/gpu_notes.md, stop 18). The row-major layout has the ring only.
+# multiply fp32 sums, 4 a tile, not the codes, 32, and a persistent grid that stages x once a block:
+# csrc Nvfp4Columns; other rows as ring-staged-x), or "auto": ring-block-columns (adjacent engine runs on
+# the H200: C = 1 147.4 vs ring-staged-x's 140.9 tok/s, gpu_notes stop 21; ring-staged-x had beaten bulk +
+# GLU at C = 1 by 2-3% and the ring at C = 2 and 4 by 3%, stop 18). The row-major layout has the ring only.
 PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2, "ring-block-columns": 3}
 PIPELINE_NAMES = (*PIPELINES, "auto")
 PIPELINE = os.environ.get("NINFER_GEMV_PIPELINE", "auto")
@@ -180,9 +181,9 @@ if PIPELINE not in PIPELINE_NAMES:
 
 def pipeline_for(pipeline: str | None = None) -> str:
     """The pipeline a tiled NVFP4 GEMV runs: `pipeline`, else PIPELINE as it is now (tools/bench.py
-    --ab-pipeline changes it), "auto" resolved (the same for any rows since stop 18)."""
+    --ab-pipeline changes it), "auto" resolved (ring-block-columns: M = 1 its own, other rows staged x)."""
     pipeline = PIPELINE if pipeline is None else pipeline
-    return "ring-staged-x" if pipeline == "auto" else pipeline
+    return "ring-block-columns" if pipeline == "auto" else pipeline
 
 
 def bulk_shape(k: int) -> tuple[int, int]:

@@ -356,13 +356,14 @@ def test_sm90a_gemv_compiles_and_gpu_check_names_a_kernel_it_has(tmp_path):
 
 
 def test_pipeline_choice_and_glu_refusal(monkeypatch):
-    """NINFER_GEMV_PIPELINE=auto runs any rows on the ring with x staged (as measured, gpu_notes stop 18);
+    """NINFER_GEMV_PIPELINE=auto runs one row with the blocks as MMA columns, more on the ring with x
+    staged (as measured, gpu_notes stops 18 and 21);
     an explicit choice wins; gate+up+SiLU-mul in one launch (glu) is the bulk pipeline's only, refused
     before any kernel runs."""
     from ninfer_run.kernels import cuda_ops
 
     monkeypatch.setattr(cuda_ops, "PIPELINE", "auto")
-    assert cuda_ops.pipeline_for() == "ring-staged-x"
+    assert cuda_ops.pipeline_for() == "ring-block-columns"
     assert cuda_ops.pipeline_for("ring") == "ring" and cuda_ops.pipeline_for("bulk") == "bulk"
     monkeypatch.setattr(cuda_ops, "PIPELINE", "ring")
     assert cuda_ops.pipeline_for() == "ring"

@@ -49,6 +49,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <type_traits>
@@ -263,11 +264,12 @@ struct Nvfp4Tiled : Nvfp4 {  // Nvfp4's arguments, scale bytes and output scale;
 // lane-constant address, no select), so each lane's accumulators c0 / c2 hold rows g / g + 8 of its own
 // block - the very blocks of the scale bytes it loads - and four FFMAs a tile apply the scales where the
 // ring's kernel takes 32 bf16 multiplies of the codes: 133 instructions a tile against its 165 (SASS).
+// Its grid is persistent (gemv_body): x is staged once a block, not once a strip.
 // Exactness: the codes enter the MMAs as value * 2^-126 (bf16, subnormal for 0.5) and x as x * 2^100
 // (scaled exactly when staged), so the products are value * x * 2^-26, as the ring's kernel's.
 struct Nvfp4Columns : Nvfp4Tiled {
   static constexpr bool kBlockColumns = true;
-  static constexpr bool kCapRegisters = false;  // 64 registers, no spill (x and the tile ahead at carried addresses)
+  static constexpr bool kCapRegisters = true;  // 64 registers capped, no spill (78 uncapped in the persistent loop)
   // Rows g and g + 8's scale bytes of K tile kt as loaded (ag: both rows, row g in the low half).
   __device__ static void load_tile_rows(RowAux& ag, RowAux& ah, const Args& args, int n0, int K, int kt, int g, int c) {
     Nvfp4Tiled::load_tile_rows(ag, ah, args, n0, K, kt, g, c);
@@ -426,6 +428,7 @@ struct Parts {
   __nv_bfloat16* y[kMaxParts];
   int rows[kMaxParts];
   int first_block[kMaxParts];  // ascending; INT_MAX for parts not used
+  int strips;                   // the parts' 16-row strips, all told
 };
 
 template <class Args>
@@ -453,8 +456,8 @@ __device__ __forceinline__ void store_partial(float (&partial)[kHighTokens ? 2 :
 // float32 from the sums (each with its own output scale), rounded once.
 template <class Codec, bool kHighTokens, int kWarps, bool kGlu>
 __device__ __forceinline__ void write_rows(const float (&partial)[kWarps][kHighTokens ? 2 : 1][4][32],
-                                           const Parts<typename Codec::Args>& parts, int n0, int M, int lane) {
-  const int part = kGlu ? 0 : part_of(parts, blockIdx.x);  // (recomputed: nothing part-dependent stays live)
+                                           const Parts<typename Codec::Args>& parts, int strip, int n0, int M, int lane) {
+  const int part = kGlu ? 0 : part_of(parts, strip);  // (recomputed: nothing part-dependent stays live)
   const float out_scale = Codec::out_scale(pick(parts.args, part));
   const float up_scale = kGlu ? Codec::out_scale(parts.args[1]) : 0.f;
   __nv_bfloat16* y = pick(parts.y, part);
@@ -480,15 +483,14 @@ __device__ __forceinline__ void write_rows(const float (&partial)[kWarps][kHighT
 // engine's pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
 // each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
-__device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
-                                          int M, int K) {
+__device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
+                                           int M, int K, int strip, bool first_strip) {
   extern __shared__ uint4 x_staged[];  // kStagedX: M * K bf16
   using RowAux = typename Codec::RowAux;
-  asm volatile("griddepcontrol.launch_dependents;");
-  const int part = part_of(parts, blockIdx.x);
+  const int part = part_of(parts, strip);
   const uint8_t* q = pick(parts.q, part);
   const typename Codec::Args args = pick(parts.args, part);
-  const int block = blockIdx.x - pick(parts.first_block, part);  // within the part
+  const int block = strip - pick(parts.first_block, part);  // within the part
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int n0 = block * 16, tiles = K / kTileK;
   const int steps = warp < tiles ? (tiles - warp + kWarps - 1) / kWarps : 0;  // this warp's K tiles
@@ -510,9 +512,9 @@ __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, c
       load_rows<Codec, kTiled>(ag[i], ah[i], args, n0, K, kt, g, c);
     }
   }
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
+  if (first_strip) asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
   const __nv_bfloat16* xs = x;
-  if constexpr (kStagedX) {
+  if (kStagedX && first_strip) {
     const uint4* rows = reinterpret_cast<const uint4*>(x);
     if constexpr (Codec::kBlockColumns) {  // x * 2^100, then 64 zero bytes
       for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32) {
@@ -529,8 +531,8 @@ __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, c
       for (int i = threadIdx.x; i < M * K / 8; i += kWarps * 32) x_staged[i] = __ldg(rows + i);
     }
     __syncthreads();
-    xs = reinterpret_cast<const __nv_bfloat16*>(x_staged);
   }
+  if constexpr (kStagedX) xs = reinterpret_cast<const __nv_bfloat16*>(x_staged);
   // Nvfp4Columns: lane g = 2c reads B's x, its group's 32 values of each tile; the others the zeros after x.
   // (An address carried from tile to tile: recomputed from the lane index it cost ~20 instructions a tile.)
   const uint32_t x_step = g == 2 * c ? 2 * kTileK * kWarps : 0;  // bytes from one of the warp's tiles to the next
@@ -577,9 +579,24 @@ __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, c
   }
   Codec::finish(d);
   __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
+  if (!first_strip) __syncthreads();  // warp 0 has written the block's last strip out of partial
   store_partial<kHighTokens>(partial[warp], d, lane);
   __syncthreads();
-  if (warp == 0) write_rows<Codec, kHighTokens, kWarps, false>(partial, parts, n0, M, lane);
+  if (warp == 0) write_rows<Codec, kHighTokens, kWarps, false>(partial, parts, strip, n0, M, lane);
+}
+
+// One strip (16 rows) a block; Nvfp4Columns' grid is persistent instead (as many blocks as fit at once,
+// launch_ring): block b takes strips b, b + grid, ..., its x staged once.
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
+__device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
+                                          int M, int K) {
+  asm volatile("griddepcontrol.launch_dependents;");
+  if constexpr (Codec::kBlockColumns) {
+    for (int strip = blockIdx.x; strip < parts.strips; strip += gridDim.x)
+      gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, strip, strip == blockIdx.x);
+  } else {
+    gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, blockIdx.x, true);
+  }
 }
 
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
@@ -733,7 +750,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
   store_partial<kHighTokens>(partial[warp], d, lane);
   asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");  // the consumers (the producer has left)
-  if (warp == 0) write_rows<Nvfp4Tiled, kHighTokens, kWarps, kGlu>(partial, parts, block * 16, M, lane);
+  if (warp == 0) write_rows<Nvfp4Tiled, kHighTokens, kWarps, kGlu>(partial, parts, blockIdx.x, block * 16, M, lane);
 }
 
 constexpr int kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a kernel gets without an opt-in
@@ -777,8 +794,13 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
     if constexpr (std::is_same_v<Codec, Nvfp4Tiled>) {
       const int x_bytes = K * 2 + 64;  // x and the zeros Nvfp4Columns' idle lanes read
       if (pipeline == kRingBlockColumns && M == 1 && x_bytes + kPartialBytes <= kDefaultSharedBytes) {
-        Launch l(blocks, kWarps * 32, x_bytes, pdl, stream);
-        return cudaLaunchKernelEx(&l.config, low_rows_kernel<Nvfp4Columns, kWarps, kDepth, true, true>(), xb, parts, M, K);
+        auto* kernel = low_rows_kernel<Nvfp4Columns, kWarps, kDepth, true, true>();
+        int device = 0, sms = 0, per_sm = 0;
+        cudaGetDevice(&device);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, x_bytes);
+        Launch l(std::min(blocks, std::max(per_sm, 1) * sms), kWarps * 32, x_bytes, pdl, stream);
+        return cudaLaunchKernelEx(&l.config, kernel, xb, parts, M, K);
       }
     }
     const bool staged = pipeline == kRingStagedX || pipeline == kRingBlockColumns;
@@ -852,6 +874,7 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
     parts.first_block[p] = used ? blocks : INT_MAX;
     blocks += used ? n[p] / 16 : 0;
   }
+  parts.strips = blocks;
   return blocks;
 }
 
