@@ -9,8 +9,9 @@
 #   chain   tools/bench_kernels.py --chain: the MLP block in a CUDA graph, GEMVs apart / grouped / PDL
 #   kernels tools/bench_kernels.py: each kernel vs the roofline and its bf16 peer
 #   bench   tools/bench.py: the full-size qwen3.8-27b through the engine vs transformers
-#   sass    the engine's NVFP4 GEMV (tiled, M <= 8, 8 warps, depth 2, x staged) disassembled: gemv_sass.txt and
-#           its instruction counts by opcode (what the arithmetic costs per tile)
+#   sass    the engine's NVFP4 GEMVs (tiled, 8 warps, depth 2: M = 1 with the blocks as MMA columns, 2-8 rows
+#           with x staged) disassembled: gemv_sass.txt, gemv_columns_sass.txt and their instruction counts
+#           by opcode (what the arithmetic costs per tile)
 # JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [kernels] [bench] [sass]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; BENCH_ARGS are passed
 # to bench.py (e.g. "--profiles nvfp4 --profile-prefill 32768"), TESTS_ARGS to pytest (e.g. "tests/kernels").
@@ -20,6 +21,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stages=${*:-tests quant kernels bench}
 GEMV_SYMBOL=_ZN11ninfer_sm904gemvINS_10Nvfp4TiledELb0ELi8ELi2ELb1ELb1EEEvPK13__nv_bfloat16NS_5PartsINT_4ArgsEEEii
+GEMV_COLUMNS_SYMBOL=_ZN11ninfer_sm9011gemv_cappedINS_12Nvfp4ColumnsELi8ELi2ELb1ELb1EEEvPK13__nv_bfloat16NS_5PartsINT_4ArgsEEEii
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -44,11 +46,14 @@ for stage in $stages; do
                smi=$!
                timeout ${BENCH_S:-420} python3 tools/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v Warning
                kill $smi ;;
-        sass) python3 -c "from ninfer_run.kernels import cuda_ops; assert cuda_ops.available()" \
-              && cuobjdump -sass -fun "$GEMV_SYMBOL" $(find "${NINFER_CACHE:-$HOME/.cache/ninfer}" -name 'ninfer_cuda_ops*.so') \
-                 > "$OUT/gemv_sass.txt" \
-              && grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z0-9_]+' "$OUT/gemv_sass.txt" | awk '{print $NF}' \
-                 | sort | uniq -c | sort -rn | tee "$OUT/gemv_sass_counts.txt" | head -25 ;;
+        sass) python3 -c "from ninfer_run.kernels import cuda_ops; assert cuda_ops.available()" || continue
+              so=$(find "${NINFER_CACHE:-$HOME/.cache/ninfer}" -name 'ninfer_cuda_ops*.so')
+              for pair in "gemv:$GEMV_SYMBOL" "gemv_columns:$GEMV_COLUMNS_SYMBOL"; do
+                  name=${pair%%:*}
+                  cuobjdump -sass -fun "${pair#*:}" $so > "$OUT/${name}_sass.txt" \
+                  && grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z0-9_]+' "$OUT/${name}_sass.txt" | awk '{print $NF}' \
+                     | sort | uniq -c | sort -rn | tee "$OUT/${name}_sass_counts.txt" | head -25
+              done ;;
         *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
 done
