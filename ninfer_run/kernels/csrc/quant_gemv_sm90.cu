@@ -269,7 +269,7 @@ struct Nvfp4Tiled : Nvfp4 {  // Nvfp4's arguments, scale bytes and output scale;
 // (scaled exactly when staged), so the products are value * x * 2^-26, as the ring's kernel's.
 struct Nvfp4Columns : Nvfp4Tiled {
   static constexpr bool kBlockColumns = true;
-  static constexpr bool kCapRegisters = true;  // 64 registers capped, no spill (78 uncapped in the persistent loop)
+  static constexpr bool kCapRegisters = true;  // 64, no spill at depth 2 (78 uncapped in the persistent loop; depth 4 spills)
   // Rows g and g + 8's scale bytes of K tile kt as loaded (ag: both rows, row g in the low half).
   __device__ static void load_tile_rows(RowAux& ag, RowAux& ah, const Args& args, int n0, int K, int kt, int g, int c) {
     Nvfp4Tiled::load_tile_rows(ag, ah, args, n0, K, kt, g, c);
