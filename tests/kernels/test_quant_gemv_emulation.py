@@ -193,7 +193,7 @@ def test_block_columns_keep_each_block_apart_and_scale_it_exactly():
 
     for text in ("mma_bf16_k8(even, view(word(wg, t), v), view(word(wh, t), v), word(x[t], v));",
                  "mma_bf16_k8(odd, view(word(wg, 2 + t), v), view(word(wh, 2 + t), v), word(x[2 + t], v));",
-                 "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32", "ag.scales |= ah.scales << 16;",
+                 "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32", "ag = {__ldg(tile_scales(args, n0, K, kt, g, c))};",
                  "const float2 sg = scales_float(ag.scales), sh = scales_float(ag.scales >> 16);",
                  "d[0][0][0] += even[0] * sg.x;", "d[0][0][1] += odd[0] * sg.y;", "d[0][0][2] += even[2] * sh.x;",
                  "d[0][0][3] += odd[2] * sh.y;", "float rows[2] = {d[0][0][0] + d[0][0][1], d[0][0][2] + d[0][0][3]};",

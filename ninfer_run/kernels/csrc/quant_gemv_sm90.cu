@@ -231,11 +231,14 @@ __device__ __forceinline__ uint32_t scales_tiled(uint32_t bytes) {
 }
 
 struct Nvfp4Tiled : Nvfp4 {  // Nvfp4's arguments, scale bytes and output scale; its own decode
-  // Rows g and g + 8's scales of K tile kt: each (16 rows, 128 K) tile's 128 bytes in lane order, lane
+  // Lane 4g + c's scale word of K tile kt: each (16 rows, 128 K) tile's 128 bytes in lane order, lane
   // 4g + c's four = row g's blocks 2c, 2c + 1, then row g + 8's.
+  __device__ static const uint32_t* tile_scales(const Args& args, int n0, int K, int kt, int g, int c) {
+    return reinterpret_cast<const uint32_t*>(args.scale + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 128 +
+                                             4 * (4 * g + c));
+  }
   __device__ static void load_tile_rows(RowAux& ag, RowAux& ah, const Args& args, int n0, int K, int kt, int g, int c) {
-    const uint32_t both = __ldg(reinterpret_cast<const uint32_t*>(args.scale + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 128 +
-                                                                   4 * (4 * g + c)));
+    const uint32_t both = __ldg(tile_scales(args, n0, K, kt, g, c));
     ag = {both & 0xFFFFu};
     ah = {both >> 16};
   }
@@ -272,8 +275,7 @@ struct Nvfp4Columns : Nvfp4Tiled {
   static constexpr bool kCapRegisters = true;  // 64, no spill at depth 2 (78 uncapped in the persistent loop; depth 4 spills)
   // Rows g and g + 8's scale bytes of K tile kt as loaded (ag: both rows, row g in the low half).
   __device__ static void load_tile_rows(RowAux& ag, RowAux& ah, const Args& args, int n0, int K, int kt, int g, int c) {
-    Nvfp4Tiled::load_tile_rows(ag, ah, args, n0, K, kt, g, c);
-    ag.scales |= ah.scales << 16;
+    ag = {__ldg(tile_scales(args, n0, K, kt, g, c))};
     ah = {};
   }
   template <bool kHighTokens>
@@ -537,11 +539,11 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
   // (An address carried from tile to tile: recomputed from the lane index it cost ~20 instructions a tile.)
   const uint32_t x_step = g == 2 * c ? 2 * kTileK * kWarps : 0;  // bytes from one of the warp's tiles to the next
   uint32_t x_next = shared_address(x_staged) + (g == 2 * c ? 64 * c + 2 * kTileK * warp : 2 * K);
-  // Nvfp4Columns: the tile kDepth steps ahead's codes and scale words (Nvfp4Tiled::load_tile_rows' both rows)
-  // at addresses carried from tile to tile, as x's.
+  // Nvfp4Columns: the tile kDepth steps ahead's codes and scale words (Nvfp4Tiled::tile_scales) at addresses
+  // carried from tile to tile, as x's.
   const uint8_t* w_ahead = wg_lane + (size_t)(warp + kDepth * kWarps) * kStride;
-  const uint32_t* scales_ahead = reinterpret_cast<const uint32_t*>(
-      reinterpret_cast<const uint8_t*>(args.scale) + ((size_t)(n0 / 16) * tiles + warp + kDepth * kWarps) * 128) + lane;
+  const uint32_t* scales_ahead = nullptr;
+  if constexpr (Codec::kBlockColumns) scales_ahead = Codec::tile_scales(args, n0, K, warp + kDepth * kWarps, g, c);
   float d[2][2][4] = {};
   for (int s = 0; s < steps; s += kRing) {
 #pragma unroll
@@ -795,11 +797,17 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
       const int x_bytes = K * 2 + 64;  // x and the zeros Nvfp4Columns' idle lanes read
       if (pipeline == kRingBlockColumns && M == 1 && x_bytes + kPartialBytes <= kDefaultSharedBytes) {
         auto* kernel = low_rows_kernel<Nvfp4Columns, kWarps, kDepth, true, true>();
-        int device = 0, sms = 0, per_sm = 0;
+        // Blocks a SM, asked once a kernel (not on every decode launch) with the most x a launch stages:
+        // a bound every launch meets (its registers, not its x, set it: 4 blocks of 8 warps).
+        static const int per_sm = [kernel] {
+          int n = 0;
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, kDefaultSharedBytes - kPartialBytes);
+          return std::max(n, 1);
+        }();
+        int device = 0, sms = 0;
         cudaGetDevice(&device);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, x_bytes);
-        Launch l(std::min(blocks, std::max(per_sm, 1) * sms), kWarps * 32, x_bytes, pdl, stream);
+        Launch l(std::min(blocks, per_sm * sms), kWarps * 32, x_bytes, pdl, stream);
         return cudaLaunchKernelEx(&l.config, kernel, xb, parts, M, K);
       }
     }
