@@ -154,6 +154,39 @@ def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
     return linear(fused[0] if fused is not None else silu_mul(*linear_group(x, [gate, up])), down)
 
 
+def _norm_launch(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float,
+                 weights: list, normed: bool) -> tuple | None:
+    """Quantized weights' launch that stages the norm itself (kernels/linear.py group_after_norm), None
+    where they have none."""
+    launch = None if isinstance(weights[0], torch.Tensor) else getattr(weights[0], "group_after_norm", None)
+    return launch(x, h, weight, eps, offset, weights, normed) if launch is not None else None
+
+
+def add_rms_norm_linear_group(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float,
+                              weights: list, normed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, list]:
+    """A layer's residual add, its norm and the projections that read it: (s = x + h (x with h None),
+    RMSNorm(s), [linear(RMSNorm(s), w) for w in weights]). Where the one-row NVFP4 GEMV stages the norm
+    itself (kernels/linear.py group_after_norm) this is one launch, and the norm comes back only if
+    `normed` (else None); otherwise add_rms_norm (or rms_norm), then linear_group."""
+    fused = _norm_launch(x, h, weight, eps, offset, weights, normed)
+    if fused is not None:
+        return fused
+    s, y = add_rms_norm(x, h, weight, eps, offset) if h is not None else (x, rms_norm(x, weight, eps, offset))
+    return s, y, linear_group(y, weights)
+
+
+def add_rms_norm_swiglu_mlp(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                            gate, up, down) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + h, swiglu_mlp(RMSNorm(x + h))): the norm staged by gate and up's launch where it can be
+    (add_rms_norm_linear_group), else add_rms_norm, then swiglu_mlp (whose own launch may take the SiLU-mul)."""
+    done = _norm_launch(x, h, weight, eps, offset, [gate, up], normed=False)
+    if done is None:
+        s, y = add_rms_norm(x, h, weight, eps, offset)
+        return s, swiglu_mlp(y, gate, up, down)
+    s, _, (g, u) = done
+    return s, linear(silu_mul(g, u), down)
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up; one fused kernel on CUDA (kernels/activations.py), else the reference."""
     if gate.is_cuda and gate.dtype in HALF:

@@ -18,7 +18,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory);
   - with --ab-pipeline NAME, decode each concurrency again, with the default pipeline and then with the
     NVFP4 GEMV streaming its weights through NAME (cuda_ops.PIPELINE_NAMES; an A/B of adjacent runs: each
-    decode captures its own graphs).
+    decode captures its own graphs); with --ab-fused-norm, likewise with the one-row layer norms staged
+    by the GEMV after them and with a norm kernel of their own (cuda_ops.FUSED_NORM flipped).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
 difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
@@ -389,18 +390,22 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
             save()
             print(f"[{profile}] decode C={c} MTP3 forced={forced}: {row['tok_s']:.1f} tok/s "
                   f"accept {row['acceptance']}", flush=True)
-    if args.ab_pipeline:  # each concurrency with the GEMV's default pipeline and the other one, back to back
-        default = cuda_ops.PIPELINE  # (adjacent runs: the machine's drift over the run stays out of the A/B)
+    # each concurrency with cuda_ops' setting as it is and flipped, back to back (adjacent runs: the
+    # machine's drift over the run stays out of the A/B)
+    flips = [("pipeline", "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []
+    flips += [("fused norm", "FUSED_NORM", not cuda_ops.FUSED_NORM)] if args.ab_fused_norm else []
+    for label, name, other in flips:
+        default = getattr(cuda_ops, name)
         try:
             for c in args.concurrency:
-                for pipeline in (default, args.ab_pipeline):
-                    cuda_ops.PIPELINE = pipeline
-                    row = decode(model, c, args.new_tokens, 512) | {"variant": f"pipeline {pipeline}"}
+                for value in (default, other):
+                    setattr(cuda_ops, name, value)
+                    row = decode(model, c, args.new_tokens, 512) | {"variant": f"{label} {value}"}
                     p["decode"].append(row)
                     save()
-                    print(f"[{profile}] decode C={c} (pipeline {pipeline}): {row['tok_s']:.1f} tok/s", flush=True)
+                    print(f"[{profile}] decode C={c} ({label} {value}): {row['tok_s']:.1f} tok/s", flush=True)
         finally:
-            cuda_ops.PIPELINE = default
+            setattr(cuda_ops, name, default)
     decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
     if model.has_mtp and not args.no_mtp:  # a speculative step's device and host time: head drafts and observe, verify
         decode(model, 1, 8, 512, draft_tokens=3, forced=True, profile_to=args.out / "decode_profile_mtp.txt")
@@ -426,6 +431,8 @@ def main() -> None:
     parser.add_argument("--no-mtp", action="store_true", help="skip the speculative (MTP) figures")
     parser.add_argument("--ab-pipeline", choices=cuda_ops.PIPELINE_NAMES, default=None,
                         help="also decode each concurrency with the NVFP4 GEMV's weights streamed this way (an A/B)")
+    parser.add_argument("--ab-fused-norm", action="store_true",
+                        help="also decode each concurrency with the one-row layer norms fused into the GEMVs and not")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
@@ -454,6 +461,7 @@ def main() -> None:
         p = results["profiles"][profile] = {
             "build_s": time.perf_counter() - t0, "weights_GiB": weights / 2**30, "read_GiB": read_bytes / 2**30,
             "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / read_bytes, "gemv_pipeline": cuda_ops.PIPELINE,
+            "fused_norm": cuda_ops.FUSED_NORM,
             "prefill": [], "decode": []}
         p["kv_capacity"] = kv_capacity(model, entry, config, weights, device)
         save()

@@ -7,7 +7,8 @@ callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off
 
   nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16) -> bf16: csrc/quant_gemv_sm90.cu; reads
                the row-major codes or (the engine's) tile_nvfp4's layout; its reference is
-               nvfp4_linear.reference. nvfp4_gemv_group: up to 3 weights of one x in one launch.
+               nvfp4_linear.reference. nvfp4_gemv_group: up to 3 weights of one x in one launch;
+               nvfp4_norm_gemv_group: the same for one row that the launch first adds and RMS-normalizes.
   int4_gemv    the same for int4 group-128 weights (symmetric or with zero points), row-major or (the
                engine's) tile_int4's layout; its reference is int_linear.reference. int4_gemv_group likewise.
 Both launch as programmatic dependents (PDL; NINFER_PDL=0 turns it off): each block streams its first
@@ -27,6 +28,7 @@ import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("ops.cpp", "quant_gemv_sm90.cu")
+HEADERS = ("quant_gemv_sm90.h",)
 CUDA_FLAGS = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo"]
 TILE_K = 128  # K per warp tile of the GEMVs
 GEMV_SHAPES = {(w, d) for w in (4, 8, 16) for d in (2, 4)}  # (warps per block, tiles in flight per warp)
@@ -34,7 +36,7 @@ BULK_SHAPES = {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}  # the bulk pipeline's (c
 
 def _build_dir() -> Path:
     digest = hashlib.sha256()
-    for name in SOURCES:
+    for name in SOURCES + HEADERS:
         digest.update((CSRC / name).read_bytes())
     digest.update(" ".join(CUDA_FLAGS).encode())
     root = Path(os.environ.get("NINFER_CACHE", Path.home() / ".cache" / "ninfer"))
@@ -226,6 +228,44 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
                                                [s.view(torch.uint8) for _, s, _ in weights], s2, ys, *shape, tiled, pdl,
                                                PIPELINES[pipeline], glu))
     return ys
+
+
+# Whether a one-row layer norm is staged by the GEMV after it (nvfp4_norm_gemv_group; NINFER_FUSED_NORM=0:
+# a norm kernel, then the GEMV). Read at each call: tools/bench.py --ab-fused-norm flips it.
+FUSED_NORM = os.environ.get("NINFER_FUSED_NORM", "1") != "0"
+
+
+def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Tensor) -> bool:
+    """Whether nvfp4_norm_gemv_group takes this: FUSED_NORM, one bf16 row of K % 128 == 0 and a bf16 norm
+    weight of K, tiled NVFP4 weights in the ring-block-columns pipeline, x (and the zeros after it) and the
+    partial sums within the 48 KB of shared memory a block gets (csrc launch_ring)."""
+    m, k = x.shape
+    n = sum(q.shape[0] * 16 for q, _, _ in weights)
+    if not (FUSED_NORM and m == 1 and norm_weight.dtype == torch.bfloat16 and norm_weight.numel() == k
+            and pipeline_for() == "ring-block-columns" and gemv_fits(x, n)):
+        return False
+    warps, _ = gemv_shape(n, k, x.device)
+    return 2 * k + 64 + 512 * warps <= 48 * 1024
+
+
+def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                          offset: float, weights: list[tuple], normed: bool = False, shape: tuple[int, int] | None = None,
+                          pdl: bool = PDL) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+    """One row x [1, K]: (s = x + residual (x itself with no residual), RMSNorm(s) if `normed` else None,
+    [RMSNorm(s) @ W^T for W in weights]) in one ring-block-columns launch of tiled NVFP4 weights (as
+    nvfp4_gemv_group's): each block stages the normed row itself, as layers.add_rms_norm rounds it (the sum
+    exactly; the norm to float32 rounding: its sum of squares may associate differently)."""
+    rows = [q.shape[0] * 16 for q, _, _ in weights]
+    ys = _outputs(x, rows)
+    s = torch.empty_like(x) if residual is not None else x
+    y = torch.empty_like(x) if normed else None
+    shape = shape or gemv_shape(sum(rows), x.shape[1], x.device)
+    s2 = [g.reshape(1).to(device=x.device, dtype=torch.float32) for _, _, g in weights]
+    _raise_refusal(torch.ops.ninfer.nvfp4_norm_gemv(
+        x.contiguous(), residual.contiguous() if residual is not None else None, norm_weight.contiguous(),
+        s if residual is not None else None, y, float(eps), float(offset), [q for q, _, _ in weights],
+        [sc.view(torch.uint8) for _, sc, _ in weights], s2, ys, *shape, pdl))
+    return s, y, ys
 
 
 def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int] | None = None) -> torch.Tensor:

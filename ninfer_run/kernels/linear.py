@@ -87,6 +87,27 @@ class QuantizedLinear:
                                                for w in weights], tiled=weights[0].tiled)
         return [y.to(x.dtype).reshape(*lead, w.shape[0]) for y, w in zip(ys, weights)]
 
+    @staticmethod
+    def group_after_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                         offset: float, weights: list, normed: bool) -> tuple | None:
+        """layers.add_rms_norm_linear_group as one launch: (x + residual, its RMSNorm if `normed`, that norm
+        @ W^T for each weight) where the one-row NVFP4 GEMV stages the norm itself (cuda_ops.norm_gemv_fits:
+        tiled NVFP4, one bf16 row), else None."""
+        k = x.shape[-1]
+        if (not x.is_cuda or x.numel() != k or len(weights) > MAX_GROUP or x.dtype != torch.bfloat16
+                or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype))):
+            return None
+        x2 = x.reshape(1, k)
+        if not all(isinstance(w, QuantizedLinear) and w._cuda_gemv(x2) == "nvfp4" for w in weights):
+            return None
+        parts = [(w.parts["qweight"], w.parts["block_scale"], w.parts["global_scale"]) for w in weights]
+        if not cuda_ops.norm_gemv_fits(x2, parts, norm_weight):
+            return None
+        s, y, ys = cuda_ops.nvfp4_norm_gemv_group(x2, residual.reshape(1, k) if residual is not None else None,
+                                                  norm_weight, eps, offset, parts, normed=normed)
+        return (s.view(x.shape), y.view(x.shape) if y is not None else None,
+                [out.reshape(*x.shape[:-1], w.shape[0]) for out, w in zip(ys, weights)])
+
     def _cuda_gemv(self, x: torch.Tensor) -> str | None:
         """Which CUDA GEMV takes these (<= 16) rows: "nvfp4" or "int4-tiled" (the tiled layouts: the shape
         fits, checked at load), "int4" (row-major int4-g128, bf16 rows), or None. (Weights of one launch

@@ -7,13 +7,24 @@ through kernels/gated_delta.py (fla-core on CUDA, the per-token reference loop e
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates, projected_gates
-from ..layers import add_rms_norm, gated_rms_norm, linear, linear_group, rms_norm, rms_norm_rope, rope_once, swiglu_mlp
+from ..layers import (
+    add_rms_norm,
+    add_rms_norm_linear_group,
+    add_rms_norm_swiglu_mlp,
+    gated_rms_norm,
+    linear,
+    linear_group,
+    rms_norm,
+    rms_norm_rope,
+    rope_once,
+)
 from ..state import Segments, SequenceState, advance, attend, per_sequence, rope_positions
 from ..static_step import StaticBatch
 from .base import CausalLM
@@ -99,15 +110,17 @@ class Model(CausalLM):
     def _p(self, name: str) -> torch.Tensor:
         return self.w[self.prefix + name]
 
-    def _gdn(self, i: int, x: torch.Tensor, segments: Segments) -> torch.Tensor:
+    def _gdn(self, i: int, project, segments: Segments) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gated DeltaNet layer i; `project(weights, normed)`: the layer's input add, norm and projections
+        (layers.add_rms_norm_linear_group) -> (the residual stream, the layer's output)."""
         c, p = self.cfg, f"layers.{i}.linear_attn."
-        t = x.shape[0]
-        qkv, z = linear_group(x, [self._p(p + "in_proj_qkv.weight"), self._p(p + "in_proj_z.weight")])
+        x, h, (qkv, z) = project([self._p(p + "in_proj_qkv.weight"), self._p(p + "in_proj_z.weight")], normed=True)
+        t = h.shape[0]
         z = z.view(t, c.v_heads, c.v_dim)
         if i in self.gate_inputs:  # bf16: projection and gates in one kernel for decode rows on CUDA
-            g, beta = projected_gates(x, self.gate_inputs[i], self._p(p + "A_log"), self._p(p + "dt_bias"))
+            g, beta = projected_gates(h, self.gate_inputs[i], self._p(p + "A_log"), self._p(p + "dt_bias"))
         else:  # quantized (a profile that quantizes them)
-            a, b = linear_group(x, [self._p(p + "in_proj_a.weight"), self._p(p + "in_proj_b.weight")])
+            a, b = linear_group(h, [self._p(p + "in_proj_a.weight"), self._p(p + "in_proj_b.weight")])
             g, beta = gates(a, b, self._p(p + "A_log"), self._p(p + "dt_bias"))
         if isinstance(segments, StaticBatch):
             out = segments.gdn(i, qkv, g, beta, self._gdn_step, self._gdn_step_in_place)
@@ -115,8 +128,8 @@ class Model(CausalLM):
             out = self._gdn_decode_batch(i, qkv, g, beta, [state for state, _ in segments])
         else:
             out = per_sequence(segments, lambda state, *rows: self._gdn_sequence(i, *rows, state), qkv, g, beta)
-        o = gated_rms_norm(out.to(x.dtype), z, self._p(p + "norm.weight"), c.eps)
-        return linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
+        o = gated_rms_norm(out.to(h.dtype), z, self._p(p + "norm.weight"), c.eps)
+        return x, linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
 
     def _split_heads(self, conv: torch.Tensor):
         c = self.cfg
@@ -182,30 +195,29 @@ class Model(CausalLM):
         c = self.cfg
         return rope_once(lambda: rope_positions(segments), c.rotary_dim, c.rope_theta, like, c.mrope_section)
 
-    def _attention(self, w, x: torch.Tensor, key: int, segments: Segments, rope) -> torch.Tensor:
-        """Gated full attention; `w(name)` looks up this layer's tensors, `key` names its KV slot, `rope()`
-        gives the rows' (cos, sin)."""
+    def _attention(self, w, project, key: int, segments: Segments, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gated full attention; `w(name)` looks up this layer's tensors, `project` as _gdn's, `key` names its
+        KV slot, `rope()` gives the rows' (cos, sin)."""
         c = self.cfg
-        t = x.shape[0]
         cos, sin = rope()
-        qg, k, v = linear_group(x, [w(f"self_attn.{name}_proj.weight") for name in "qkv"])
+        x, _, (qg, k, v) = project([w(f"self_attn.{name}_proj.weight") for name in "qkv"])
+        t = qg.shape[0]
         qg = qg.view(t, c.num_heads, 2 * c.head_dim)
         q, gate = qg[..., : c.head_dim], qg[..., c.head_dim :]
         q = rms_norm_rope(q, w("self_attn.q_norm.weight"), c.eps, 1.0, cos, sin)
         k = rms_norm_rope(k.view(t, c.num_kv_heads, c.head_dim), w("self_attn.k_norm.weight"), c.eps, 1.0, cos, sin)
         v = v.view(t, c.num_kv_heads, c.head_dim)
-        return linear(attend(segments, key, q, k, v, gate).reshape(t, -1), w("self_attn.o_proj.weight"))
+        return x, linear(attend(segments, key, q, k, v, gate).reshape(t, -1), w("self_attn.o_proj.weight"))
 
     def _layer(self, w, x: torch.Tensor, pending: torch.Tensor | None, mixer) -> tuple[torch.Tensor, torch.Tensor]:
         """One decoder layer on the residual stream x + pending (the previous layer's MLP output, which
-        the input norm's fused kernel adds) -> (the stream before this layer's MLP output, that output)."""
+        input norm adds) -> (the stream before this layer's MLP output, that output). `mixer(project)`: the
+        attention or GDN part, which adds and normalizes its input by `project` as it projects it (one launch
+        where the GEMV stages the norm: layers.add_rms_norm_linear_group) -> (the stream, its output)."""
         c = self.cfg
-        if pending is None:
-            h = rms_norm(x, w("input_layernorm.weight"), c.eps, 1.0)
-        else:
-            x, h = add_rms_norm(x, pending, w("input_layernorm.weight"), c.eps, 1.0)
-        x, y = add_rms_norm(x, mixer(h), w("post_attention_layernorm.weight"), c.eps, 1.0)
-        return x, swiglu_mlp(y, w("mlp.gate_proj.weight"), w("mlp.up_proj.weight"), w("mlp.down_proj.weight"))
+        x, out = mixer(functools.partial(add_rms_norm_linear_group, x, pending, w("input_layernorm.weight"), c.eps, 1.0))
+        return add_rms_norm_swiglu_mlp(x, out, w("post_attention_layernorm.weight"), c.eps, 1.0, w("mlp.gate_proj.weight"),
+                                       w("mlp.up_proj.weight"), w("mlp.down_proj.weight"))
 
     def _run(self, tokens: torch.Tensor, segments: Segments) -> torch.Tensor:
         """Every layer over the rows of `segments` -> final-norm hidden [rows, H]; advances the states."""
@@ -220,9 +232,10 @@ class Model(CausalLM):
         for i, kind in enumerate(c.layer_types):
             w = (lambda name, i=i: self._p(f"layers.{i}.{name}"))
             if kind == "linear_attention":
-                x, pending = self._layer(w, x, pending, lambda h, i=i: self._gdn(i, h, segments))
+                x, pending = self._layer(w, x, pending, lambda project, i=i: self._gdn(i, project, segments))
             else:
-                x, pending = self._layer(w, x, pending, lambda h, i=i, w=w: self._attention(w, h, i, segments, rope))
+                x, pending = self._layer(w, x, pending,
+                                         lambda project, i=i, w=w: self._attention(w, project, i, segments, rope))
         advance(segments)
         return add_rms_norm(x, pending, self._p("norm.weight"), c.eps, 1.0)[1]
 
@@ -247,7 +260,8 @@ class Model(CausalLM):
         h = rms_norm(hidden, w["mtp.pre_fc_norm_hidden.weight"], c.eps, 1.0)
         u = linear(torch.cat((e, h), dim=-1), w["mtp.fc.weight"])
         layer = (lambda name: w[f"mtp.layers.0.{name}"])
-        u, pending = self._layer(layer, u, None, lambda x: self._attention(layer, x, -1, segments, self._rope(segments, x)))
+        u, pending = self._layer(layer, u, None,
+                                 lambda project: self._attention(layer, project, -1, segments, self._rope(segments, u)))
         d = add_rms_norm(u, pending, w["mtp.norm.weight"], c.eps, 1.0)[1]
         return d, linear(d, self.lm_head)
 

@@ -234,6 +234,67 @@ def test_cuda_block_columns_persistent_blocks_walk_every_part():
             assert rounded_once(out, k.reference(x, *w)), shape
 
 
+def _within_one_rounding(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """bf16 `got` is `want` or a neighbour of it (one bf16 spacing at want's magnitude)."""
+    spacing = torch.ldexp(torch.ones_like(want, dtype=torch.float32), torch.frexp(want.float()).exponent - 8)
+    return bool(((got.float() - want.float()).abs() <= spacing).all())
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+@pytest.mark.parametrize("offset", [1.0, 0.0])
+@pytest.mark.parametrize("residual", [True, False])
+def test_cuda_norm_gemv_stages_the_layers_add_and_norm(offset, residual):
+    """nvfp4_norm_gemv_group (one row, ring-block-columns): the residual sum exactly as torch adds it, the
+    normed row within one bf16 rounding of layers.rms_norm_reference (its sum of squares associates
+    differently), and each output the float32 product of that very row rounded once, so every block staged
+    the row block 0 wrote. Three parts, more strips than resident blocks, every (warps, depth) shape."""
+    from ninfer_run import layers
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    kk = 5120
+    weights = [_weight(n, kk, n + 11) for n in (17408, 1040, 528)]
+    tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2) for q, s8, s2 in weights]
+    g = torch.Generator().manual_seed(int(offset) + 2 * residual)
+    x = (torch.randn(1, kk, generator=g) * 3).to(DEVICE, DTYPE)
+    h = torch.randn(1, kk, generator=g).to(DEVICE, DTYPE) if residual else None
+    w = (torch.randn(kk, generator=g) * 0.1 + (0.0 if offset else 1.0)).to(DEVICE, DTYPE)
+    want_sum = x + h if residual else x
+    want_normed = layers.rms_norm_reference(want_sum, w, 1e-6, offset)
+    for shape in sorted(cuda_ops.GEMV_SHAPES):
+        total, normed, outs = cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, offset, tiled, normed=True, shape=shape)
+        assert torch.equal(total, want_sum), shape
+        assert _within_one_rounding(normed, want_normed), shape
+        for out, weight in zip(outs, weights):
+            assert rounded_once(out, k.reference(normed, *weight)), shape
+        _, none, again = cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, offset, tiled, shape=shape)
+        assert none is None and all(torch.equal(a, b) for a, b in zip(again, outs)), shape
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+def test_cuda_norm_gemv_refuses_what_it_cannot_stage():
+    """More than one row, a sum written over x, or a norm weight of another length: a RuntimeError that says
+    why, nothing launched."""
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    kk = 512
+    q, s8, s2 = _weight(32, kk, 3)
+    tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2)]
+    x, h = (torch.randn(2, kk, device=DEVICE).to(DTYPE) for _ in range(2))
+    w = torch.ones(kk, device=DEVICE, dtype=DTYPE)
+    with pytest.raises(RuntimeError, match="one row"):
+        cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, 1.0, tiled)
+    ys = [torch.empty(1, 32, device=DEVICE, dtype=DTYPE)]
+    args = [[t for t, _, _ in tiled], [sc.view(torch.uint8) for _, sc, _ in tiled], [s2.reshape(1).float()], ys, 8, 2, True]
+    with pytest.raises(RuntimeError, match="must not be x or residual"):
+        cuda_ops._raise_refusal(torch.ops.ninfer.nvfp4_norm_gemv(x[:1], h[:1], w, x[:1], None, 1e-6, 1.0, *args))
+    with pytest.raises(RuntimeError, match="weight bf16"):
+        cuda_ops._raise_refusal(torch.ops.ninfer.nvfp4_norm_gemv(x[:1], None, w[:256], None, None, 1e-6, 1.0, *args))
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 @pytest.mark.parametrize("pipeline", ["ring", "ring-staged-x", "bulk", "ring-block-columns"])
 def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x(pipeline):

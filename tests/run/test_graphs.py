@@ -216,7 +216,8 @@ def test_engine_with_static_decode_matches_eager(tiny_model):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="graphs are captured on CUDA")
 @pytest.mark.parametrize("profile", ["nvfp4", "int4"])
 def test_captured_graph_replays_the_eager_step(packed, profile):
-    """Packed weights on the GPU (GEMV kernels, paged INT8 attention, the in-place GDN step) under replay."""
+    """Packed weights on the GPU (GEMV kernels, paged INT8 attention, the in-place GDN step) under replay; at
+    one row the NVFP4 GEMVs also stage the layer norms before them (cuda_ops.nvfp4_norm_gemv_group)."""
     from ninfer_run.loader import load
 
     model = load(packed("tiny-qwen3.5", profile), device="cuda", dtype=torch.bfloat16).model
@@ -225,12 +226,12 @@ def test_captured_graph_replays_the_eager_step(packed, profile):
     eager, static = _prefilled_twice(model, pool, layers, prompts)
     tokens = torch.tensor([7, 8, 9])
     for step in range(20):
-        n = 3 if step % 2 else 2  # two batch sizes, two graphs
+        n = 1 + step % 3  # three batch sizes, three graphs
         want = model.decode_batch(tokens[:n], eager[:n])
         got = decoder.decode(tokens[:n].tolist(), static[:n])
         assert _rel(got, want) < 2e-2, step  # bf16; the attention kernel splits the table differently
         tokens[:n] = want.argmax(-1).cpu()
-    assert decoder.replays == 20 and set(decoder.buckets) == {(2, 1), (3, 1)}
+    assert decoder.replays == 20 and set(decoder.buckets) == {(1, 1), (2, 1), (3, 1)}
     for a, b in zip(eager, static):  # the GDN states the replays updated in place (gdn_decode) vs eager
         for i in a.recurrent:
             assert _rel(b.recurrent[i], a.recurrent[i]) < 2e-2 and _rel(b.conv[i], a.conv[i]) < 2e-2

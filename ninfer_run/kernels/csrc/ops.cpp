@@ -11,12 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
-                           const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
-                           int depth, bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream);
-int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
-                          const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool tiled, bool pdl, int pipeline, cudaStream_t stream);
+#include "quant_gemv_sm90.h"
 
 namespace {
 
@@ -87,7 +82,8 @@ void check_launch(const char* op, int err, int64_t warps, int64_t depth) {
 
 // tiled: q and scale in cuda_ops.tile_nvfp4's layout (the same bytes, each 16-row x 128-K tile contiguous)
 void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
-                     int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu) {
+                     int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu,
+                     const NinferAddNorm* norm = nullptr) {
   require(scale.size() == q.size() && s2.size() == q.size(), "nvfp4_gemv: as many scales as weights");
   std::vector<int> n;
   for (const at::Tensor& t : q) {
@@ -114,7 +110,7 @@ void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale
   check_launch("nvfp4_gemv",
                ninfer_nvfp4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), s2p.data(),
                                       n.data(), yp.data(), M, K, warps, depth, tiled, pdl, static_cast<int>(pipeline), glu,
-                                      c10::cuda::getCurrentCUDAStream()),
+                                      norm, c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
@@ -164,6 +160,38 @@ std::string nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList sca
   return guarded([&] { nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, tiled, pdl, pipeline, glu); });
 }
 
+// One row x [1, K] (bf16) and what NinferAddNorm takes: residual and the outputs [1, K] bf16 as x, weight
+// bf16 [K]; the outputs apart from x and residual (other blocks still read those while block 0 writes).
+void check_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
+                const std::optional<at::Tensor>& sum_out, const std::optional<at::Tensor>& normed_out) {
+  require(x.dim() == 2 && x.size(0) == 1, "nvfp4_norm_gemv: one row x [1, K]");
+  const auto like_x = [&x](const at::Tensor& t) {
+    return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == x.numel() &&
+           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  require(like_x(weight), "nvfp4_norm_gemv: weight bf16 [K], contiguous, 16-byte aligned");
+  for (const auto* t : {&residual, &sum_out, &normed_out})
+    require(!t->has_value() || like_x(**t), "nvfp4_norm_gemv: residual and outputs bf16 [1, K] as x, 16-byte aligned");
+  for (const auto* out : {&sum_out, &normed_out})
+    require(!out->has_value() || ((*out)->data_ptr() != x.data_ptr() &&
+                                  (!residual.has_value() || (*out)->data_ptr() != residual->data_ptr())),
+            "nvfp4_norm_gemv: the outputs must not be x or residual");
+}
+
+std::string nvfp4_norm_gemv(const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& sum_out, const std::optional<at::Tensor>& normed_out,
+                            double eps, double offset, at::TensorList q, at::TensorList scale, at::TensorList s2,
+                            at::TensorList y, int64_t warps, int64_t depth, bool pdl) {
+  return guarded([&] {
+    check_norm(x, residual, weight, sum_out, normed_out);
+    const auto pointer = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; };
+    const NinferAddNorm norm{pointer(residual), weight.data_ptr(), pointer(sum_out), pointer(normed_out),
+                             static_cast<float>(eps), static_cast<float>(offset)};
+    constexpr int64_t kRingBlockColumns = 3;  // quant_gemv_sm90.cu's Pipeline
+    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, kRingBlockColumns, false, &norm);
+  });
+}
+
 std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale,
                       const c10::List<std::optional<at::Tensor>>& zero, at::TensorList y, int64_t warps, int64_t depth,
                       bool tiled, bool pdl, int64_t pipeline) {
@@ -172,6 +200,8 @@ std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scal
 
 }  // namespace
 
+// nvfp4_norm_gemv: nvfp4_gemv of one row in the ring-block-columns pipeline (tiled) with x first normalized
+// as NinferAddNorm says (x + residual, its RMSNorm), the sum and the normed row written where given.
 // One launch for 1 to 3 weights that read the same x, each into its own y [M, N] -> "" or why not (guarded);
 // glu (NVFP4, tiled, the bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
@@ -180,11 +210,15 @@ std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scal
 TORCH_LIBRARY(ninfer, m) {
   m.def("nvfp4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
         "bool tiled, bool pdl, int pipeline, bool glu) -> str");
+  m.def("nvfp4_norm_gemv(Tensor x, Tensor? residual, Tensor weight, Tensor(b!)? sum_out, Tensor(c!)? normed_out, "
+        "float eps, float offset, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
+        "bool pdl) -> str");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
         "bool tiled, bool pdl, int pipeline) -> str");
 }
 
 TORCH_LIBRARY_IMPL(ninfer, CUDA, m) {
   m.impl("nvfp4_gemv", &nvfp4_gemv);
+  m.impl("nvfp4_norm_gemv", &nvfp4_norm_gemv);
   m.impl("int4_gemv", &int4_gemv);
 }

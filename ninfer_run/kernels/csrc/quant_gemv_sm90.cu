@@ -46,6 +46,8 @@
 // tiles of weights (which no kernel writes), and only then waits for the previous kernel to finish
 // (griddepcontrol.wait) before it reads x: the weight stream starts while the previous kernel drains.
 
+#include "quant_gemv_sm90.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -179,6 +181,7 @@ __device__ __forceinline__ void tile_mmas(float (&acc)[2][2][4], const uint4 (&x
 struct Nvfp4 {
   static constexpr bool kCapRegisters = false;  // (see Int4Tiled)
   static constexpr bool kBlockColumns = false;  // (see Nvfp4Columns)
+  static constexpr bool kNormsX = false;        // (see Nvfp4ColumnsNorm)
   __device__ static void finish(float (&)[2][2][4]) {}
   struct Args {
     const uint8_t* scale;
@@ -320,6 +323,12 @@ struct Nvfp4Columns : Nvfp4Tiled {
   }
 };
 
+// Nvfp4Columns whose staging normalizes x first (Parts::norm, stage_add_norm): its own kernel, so the plain
+// one's loop keeps its schedule (with the norm's code beside it, ptxas schedules the loop differently).
+struct Nvfp4ColumnsNorm : Nvfp4Columns {
+  static constexpr bool kNormsX = true;
+};
+
 // Nibble pair (i, i + 4) of word w as bf16 halves 128 + nibble. I is 0..3.
 template <int I>
 __device__ __forceinline__ uint32_t int4_pair(uint32_t w) {
@@ -338,6 +347,7 @@ __device__ __forceinline__ uint32_t biased_zero_pair(uint32_t v) { return (0x430
 struct Int4 {
   static constexpr bool kCapRegisters = false;  // (capped, the row-major parts spill)
   static constexpr bool kBlockColumns = false;
+  static constexpr bool kNormsX = false;
   __device__ static void finish(float (&)[2][2][4]) {}
   struct Args {
     const __nv_bfloat16* scale;  // tiled: the records (tile_int4), as bytes
@@ -431,6 +441,7 @@ struct Parts {
   int rows[kMaxParts];
   int first_block[kMaxParts];  // ascending; INT_MAX for parts not used
   int strips;                   // the parts' 16-row strips, all told
+  NinferAddNorm norm;           // weight nullptr: x staged as it is (ring-block-columns only)
 };
 
 template <class Args>
@@ -481,6 +492,74 @@ __device__ __forceinline__ void write_rows(const float (&partial)[kWarps][kHighT
     }
 }
 
+__device__ __forceinline__ float2 bf16x2_float(uint32_t v) {  // (low, high) halves, exact
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
+}
+
+__device__ __forceinline__ uint32_t float2_bf16x2(float lo, float hi) {  // each rounded to nearest even
+  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+template <class F>
+__device__ __forceinline__ uint4 each_word(const uint4& a, const uint4& b, F f) {
+  return make_uint4(f(a.x, b.x), f(a.y, b.y), f(a.z, b.z), f(a.w, b.w));
+}
+
+// Nvfp4Columns' staging with norm.weight set (NinferAddNorm): x + residual, rounded as torch's bf16 add
+// (a float sum rounded once), its sum of squares over the block, then the normed row as
+// layers.rms_norm_reference rounds it (offset: normed * (offset + w) in float32, cast once; offset 0:
+// the cast normed times the weight, rounded), staged times 2^100. Every block computes the same row
+// (the same threads sum the same values in the same order); block 0 writes the sum and the normed row.
+template <int kWarps>
+__device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat16* __restrict__ x,
+                                               const NinferAddNorm& norm, int K) {
+  __shared__ float warp_squares[kWarps];
+  const uint4* rows = reinterpret_cast<const uint4*>(x);
+  const uint4* residual = static_cast<const uint4*>(norm.residual);
+  const bool writer = blockIdx.x == 0;
+  float squares = 0.f;
+  for (int i = threadIdx.x; i < K / 8; i += kWarps * 32) {
+    uint4 v = __ldg(rows + i);
+    if (residual != nullptr)
+      v = each_word(v, __ldg(residual + i), [](uint32_t a, uint32_t b) {
+        const float2 fa = bf16x2_float(a), fb = bf16x2_float(b);
+        return float2_bf16x2(fa.x + fb.x, fa.y + fb.y);
+      });
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (uint32_t word : words) {
+      const float2 f = bf16x2_float(word);
+      squares += f.x * f.x + f.y * f.y;
+    }
+    staged[i] = v;
+    if (writer && norm.sum_out != nullptr) static_cast<uint4*>(norm.sum_out)[i] = v;
+  }
+#pragma unroll
+  for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) squares += __shfl_xor_sync(0xFFFFFFFFu, squares, lane_mask);
+  if ((threadIdx.x & 31) == 0) warp_squares[threadIdx.x >> 5] = squares;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += warp_squares[w];
+  const float rstd = rsqrtf(total / K + norm.eps), offset = norm.offset;
+  const uint4* weight = static_cast<const uint4*>(norm.weight);
+  for (int i = threadIdx.x; i < K / 8; i += kWarps * 32) {
+    const uint4 y = each_word(staged[i], __ldg(weight + i), [rstd, offset](uint32_t s, uint32_t w) {
+      const float2 fs = bf16x2_float(s), fw = bf16x2_float(w);
+      const float lo = __fmul_rn(fs.x, rstd), hi = __fmul_rn(fs.y, rstd);
+      if (offset != 0.f) return float2_bf16x2(__fmul_rn(lo, __fadd_rn(offset, fw.x)), __fmul_rn(hi, __fadd_rn(offset, fw.y)));
+      const float2 cast = bf16x2_float(float2_bf16x2(lo, hi));
+      return float2_bf16x2(__fmul_rn(fw.x, cast.x), __fmul_rn(fw.y, cast.y));
+    });
+    if (writer && norm.normed_out != nullptr) static_cast<uint4*>(norm.normed_out)[i] = y;
+    constexpr uint32_t kTwoTo100 = 0x71807180u;  // bf16 2^100 in both halves
+    staged[i] = make_uint4(bf16x2_mul(y.x, kTwoTo100), bf16x2_mul(y.y, kTwoTo100), bf16x2_mul(y.z, kTwoTo100),
+                           bf16x2_mul(y.w, kTwoTo100));
+  }
+  if (threadIdx.x < 4) staged[K / 8 + threadIdx.x] = make_uint4(0, 0, 0, 0);  // the 64 zero bytes after x
+}
+
 // Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (ring-staged-x, the
 // engine's pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
 // each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
@@ -519,15 +598,19 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
   if (kStagedX && first_strip) {
     const uint4* rows = reinterpret_cast<const uint4*>(x);
     if constexpr (Codec::kBlockColumns) {  // x * 2^100, then 64 zero bytes
-      for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32) {
-        constexpr uint32_t kTwoTo100 = 0x71807180u;  // bf16 2^100 in both halves
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (i < K / 8) {
-          v = __ldg(rows + i);
-          v = make_uint4(bf16x2_mul(v.x, kTwoTo100), bf16x2_mul(v.y, kTwoTo100), bf16x2_mul(v.z, kTwoTo100),
-                         bf16x2_mul(v.w, kTwoTo100));
+      if constexpr (Codec::kNormsX) {
+        stage_add_norm<kWarps>(x_staged, x, parts.norm, K);
+      } else {
+        for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32) {
+          constexpr uint32_t kTwoTo100 = 0x71807180u;  // bf16 2^100 in both halves
+          uint4 v = make_uint4(0, 0, 0, 0);
+          if (i < K / 8) {
+            v = __ldg(rows + i);
+            v = make_uint4(bf16x2_mul(v.x, kTwoTo100), bf16x2_mul(v.y, kTwoTo100), bf16x2_mul(v.z, kTwoTo100),
+                           bf16x2_mul(v.w, kTwoTo100));
+          }
+          x_staged[i] = v;
         }
-        x_staged[i] = v;
       }
     } else {
       for (int i = threadIdx.x; i < M * K / 8; i += kWarps * 32) x_staged[i] = __ldg(rows + i);
@@ -785,6 +868,26 @@ constexpr auto low_rows_kernel() {
   else return gemv<Codec, false, kWarps, kDepth, kTiled, kStagedX>;
 }
 
+// A one-row block-columns launch: as many blocks as fit at once (gemv_body walks the strips), x_bytes staged.
+template <class Codec, int kWarps, int kDepth>
+cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<typename Codec::Args>& parts, int blocks, int K,
+                              int x_bytes, bool pdl, cudaStream_t stream) {
+  constexpr int kPartialBytes = sizeof(float[kWarps][4][32]);
+  auto* kernel = low_rows_kernel<Codec, kWarps, kDepth, true, true>();
+  // Blocks a SM, asked once a kernel (not on every decode launch) with the most x a launch stages:
+  // a bound every launch meets (its registers, not its x, set it: 4 blocks of 8 warps).
+  static const int per_sm = [kernel] {
+    int n = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, kDefaultSharedBytes - kPartialBytes);
+    return std::max(n, 1);
+  }();
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  Launch l(std::min(blocks, per_sm * sms), kWarps * 32, x_bytes, pdl, stream);
+  return cudaLaunchKernelEx(&l.config, kernel, x, parts, 1, K);
+}
+
 template <class Codec, int kWarps, int kDepth, bool kTiled>
 cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
                         int pipeline, cudaStream_t stream) {
@@ -796,27 +899,19 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
     if constexpr (std::is_same_v<Codec, Nvfp4Tiled>) {
       const int x_bytes = K * 2 + 64;  // x and the zeros Nvfp4Columns' idle lanes read
       if (pipeline == kRingBlockColumns && M == 1 && x_bytes + kPartialBytes <= kDefaultSharedBytes) {
-        auto* kernel = low_rows_kernel<Nvfp4Columns, kWarps, kDepth, true, true>();
-        // Blocks a SM, asked once a kernel (not on every decode launch) with the most x a launch stages:
-        // a bound every launch meets (its registers, not its x, set it: 4 blocks of 8 warps).
-        static const int per_sm = [kernel] {
-          int n = 0;
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, kDefaultSharedBytes - kPartialBytes);
-          return std::max(n, 1);
-        }();
-        int device = 0, sms = 0;
-        cudaGetDevice(&device);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        Launch l(std::min(blocks, per_sm * sms), kWarps * 32, x_bytes, pdl, stream);
-        return cudaLaunchKernelEx(&l.config, kernel, xb, parts, M, K);
+        return parts.norm.weight != nullptr
+                   ? launch_persistent<Nvfp4ColumnsNorm, kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream)
+                   : launch_persistent<Nvfp4Columns, kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream);
       }
     }
+    if (parts.norm.weight != nullptr) return cudaErrorInvalidValue;  // only Nvfp4Columns stages a norm
     const bool staged = pipeline == kRingStagedX || pipeline == kRingBlockColumns;
     if (staged && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
       Launch l(blocks, kWarps * 32, M * K * 2, pdl, stream);
       return cudaLaunchKernelEx(&l.config, low_rows_kernel<Codec, kWarps, kDepth, kTiled, true>(), xb, parts, M, K);
     }
   }
+  if (parts.norm.weight != nullptr) return cudaErrorInvalidValue;
   Launch l(blocks, kWarps * 32, 0, pdl, stream);
   return M > 8 ? cudaLaunchKernelEx(&l.config, gemv<Codec, true, kWarps, kDepth, kTiled, false>, xb, parts, M, K)
                : cudaLaunchKernelEx(&l.config, low_rows_kernel<Codec, kWarps, kDepth, kTiled, false>(), xb, parts, M, K);
@@ -883,26 +978,27 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
     blocks += used ? n[p] / 16 : 0;
   }
   parts.strips = blocks;
+  parts.norm = NinferAddNorm{};
   return blocks;
 }
 
 }  // namespace ninfer_sm90
 
-// The launchers ops.cpp calls: `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the
-// launch's CUDA error code (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a
-// pipeline the layout has not: staged x is the tiled layouts', bulk copies the tiled NVFP4 layout's). glu (the bulk
-// pipeline): two weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N].
+// The launchers ops.cpp calls (quant_gemv_sm90.h says what they take).
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
-                           int depth, bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream) {
+                           int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
+                           cudaStream_t stream) {
   using ninfer_sm90::Nvfp4;
   if (count < 1 || count > ninfer_sm90::kMaxParts ||
-      (glu && (count != 2 || n[0] != n[1] || !tiled || pipeline != ninfer_sm90::kBulk)))
+      (glu && (count != 2 || n[0] != n[1] || !tiled || pipeline != ninfer_sm90::kBulk)) ||
+      (norm != nullptr && (!tiled || M != 1 || pipeline != ninfer_sm90::kRingBlockColumns || norm->weight == nullptr)))
     return static_cast<int>(cudaErrorInvalidValue);
   Nvfp4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p) args[p] = {static_cast<const uint8_t*>(scale[p]), s2[p]};
   ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, glu ? 1 : count, n);
+  if (norm != nullptr) parts.norm = *norm;
   cudaError_t err;
   if (pipeline == ninfer_sm90::kBulk)
     err = !tiled ? cudaErrorInvalidValue

@@ -1,0 +1,28 @@
+// The launchers of quant_gemv_sm90.cu that ops.cpp calls (plain pointers: ops.cpp sees no CUDA types).
+#pragma once
+#include <cuda_runtime.h>
+
+// The RMSNorm a one-token ring-block-columns launch applies to x as it stages it, so a layer's residual
+// add and norm need no kernel of their own before its first projection: the GEMV's x is
+// RMSNorm(x + residual) * (offset + weight) (offset 0: weight times the rounded norm), rounded as
+// layers.rms_norm_reference rounds. Block 0 also writes the sum and the normed row where asked.
+struct NinferAddNorm {
+  const void* residual;  // bf16 [K], added to x first; nullptr: x alone
+  const void* weight;    // bf16 [K]
+  void* sum_out;         // bf16 [K]: x + residual (the residual stream); nullptr: not written
+  void* normed_out;      // bf16 [K]: the normed row the GEMV read; nullptr: not written
+  float eps, offset;
+};
+
+// `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the launch's CUDA error code
+// (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a pipeline the layout has
+// not: staged x is the tiled layouts', bulk copies the tiled NVFP4 layout's). glu (the bulk pipeline): two
+// weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N]. norm (nullptr: none): see
+// NinferAddNorm; tiled NVFP4, M = 1, the ring-block-columns pipeline only.
+int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
+                           const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
+                           int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
+                           cudaStream_t stream);
+int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
+                          const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
+                          bool tiled, bool pdl, int pipeline, cudaStream_t stream);
