@@ -237,15 +237,15 @@ FUSED_NORM = os.environ.get("NINFER_FUSED_NORM", "1") != "0"
 
 def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Tensor) -> bool:
     """Whether nvfp4_norm_gemv_group takes this: FUSED_NORM, one bf16 row of K % 128 == 0 and a bf16 norm
-    weight of K, tiled NVFP4 weights in the ring-block-columns pipeline, x (and the zeros after it) and the
-    partial sums within the 48 KB of shared memory a block gets (csrc launch_ring)."""
+    weight of K, tiled NVFP4 weights in the ring-block-columns pipeline, x (and the zeros after it), the
+    partial and the warps' sums within the 48 KB of shared memory a block gets (csrc launch_persistent)."""
     m, k = x.shape
     n = sum(q.shape[0] * 16 for q, _, _ in weights)
     if not (FUSED_NORM and m == 1 and norm_weight.dtype == torch.bfloat16 and norm_weight.numel() == k
             and pipeline_for() == "ring-block-columns" and gemv_fits(x, n)):
         return False
     warps, _ = gemv_shape(n, k, x.device)
-    return 2 * k + 64 + 512 * warps <= 48 * 1024
+    return 2 * k + 64 + 516 * warps <= 48 * 1024
 
 
 def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

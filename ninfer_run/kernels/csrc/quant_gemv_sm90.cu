@@ -55,6 +55,7 @@
 #include <climits>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace ninfer_sm90 {
 
@@ -872,15 +873,21 @@ constexpr auto low_rows_kernel() {
 template <class Codec, int kWarps, int kDepth>
 cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<typename Codec::Args>& parts, int blocks, int K,
                               int x_bytes, bool pdl, cudaStream_t stream) {
-  constexpr int kPartialBytes = sizeof(float[kWarps][4][32]);
   auto* kernel = low_rows_kernel<Codec, kWarps, kDepth, true, true>();
-  // Blocks a SM, asked once a kernel (not on every decode launch) with the most x a launch stages:
-  // a bound every launch meets (its registers, not its x, set it: 4 blocks of 8 warps).
-  static const int per_sm = [kernel] {
+  // Its static shared memory (the partial sums; Nvfp4ColumnsNorm's warp sums too) and blocks a SM, asked
+  // once a kernel (not on every decode launch) with the most x a launch stages: a bound every launch meets
+  // (its registers, not its x, set it: 4 blocks of 8 warps). (Asked with more shared memory than a block
+  // gets, the occupancy API answers 0: the fused norm's 32 B of warp sums made it 1 block a SM, 3x slower.)
+  static const std::pair<int, int> static_bytes_and_blocks = [kernel] {
+    cudaFuncAttributes attributes{};
+    cudaFuncGetAttributes(&attributes, kernel);
+    const int fixed = static_cast<int>(attributes.sharedSizeBytes);
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, kDefaultSharedBytes - kPartialBytes);
-    return std::max(n, 1);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, kDefaultSharedBytes - fixed);
+    return std::pair<int, int>(fixed, std::max(n, 1));
   }();
+  const auto [static_bytes, per_sm] = static_bytes_and_blocks;
+  if (x_bytes + static_bytes > kDefaultSharedBytes) return cudaErrorInvalidValue;
   int device = 0, sms = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
