@@ -5,12 +5,13 @@ Oracle: transformers' `modeling_qwen3.py`. Shares layers and the per-sequence st
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..layers import add_rms_norm, linear, linear_group, rms_norm, rms_norm_rope, rope_once, swiglu_mlp
+from ..layers import add_rms_norm, add_rms_norm_linear_group, add_rms_norm_swiglu_mlp, linear, rms_norm_rope, rope_once
 from ..state import Segments, advance, attend, rope_positions
 from .base import CausalLM
 
@@ -47,16 +48,18 @@ class Model(CausalLM):
     def device(self) -> torch.device:
         return self.w["model.embed_tokens.weight"].device
 
-    def _attention(self, p: str, x: torch.Tensor, i: int, segments: Segments, rope) -> torch.Tensor:
-        """`rope()` gives the rows' (cos, sin), shared by the forward's layers."""
+    def _attention(self, p: str, project, i: int, segments: Segments, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """`project(weights)`: the layer's input add, norm and projections (layers.add_rms_norm_linear_group)
+        -> (the residual stream, the attention's output); `rope()` gives the rows' (cos, sin), shared by the
+        forward's layers."""
         c, w = self.cfg, self.w
-        t = x.shape[0]
         cos, sin = rope()
-        q, k, v = linear_group(x, [w[p + f"{name}_proj.weight"] for name in "qkv"])
+        x, _, (q, k, v) = project([w[p + f"{name}_proj.weight"] for name in "qkv"])
+        t = q.shape[0]
         q = rms_norm_rope(q.view(t, c.num_heads, c.head_dim), w[p + "q_norm.weight"], c.eps, 0.0, cos, sin)
         k = rms_norm_rope(k.view(t, c.num_kv_heads, c.head_dim), w[p + "k_norm.weight"], c.eps, 0.0, cos, sin)
         v = v.view(t, c.num_kv_heads, c.head_dim)
-        return linear(attend(segments, i, q, k, v).reshape(t, -1), w[p + "o_proj.weight"])
+        return x, linear(attend(segments, i, q, k, v).reshape(t, -1), w[p + "o_proj.weight"])
 
     has_mtp = False
 
@@ -68,16 +71,14 @@ class Model(CausalLM):
         c, w = self.cfg, self.w
         x = F.embedding(tokens.to(w["model.embed_tokens.weight"].device), w["model.embed_tokens.weight"])
         rope = rope_once(lambda: rope_positions(segments), c.head_dim, c.rope_theta, x)
-        pending = None  # the previous layer's MLP output: the next norm's fused kernel adds it to x
+        pending = None  # the previous layer's MLP output: the next norm adds it to x
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            if pending is None:
-                normed = rms_norm(x, w[p + "input_layernorm.weight"], c.eps, 0.0)
-            else:
-                x, normed = add_rms_norm(x, pending, w[p + "input_layernorm.weight"], c.eps, 0.0)
-            x, y = add_rms_norm(x, self._attention(p + "self_attn.", normed, i, segments, rope),
-                                w[p + "post_attention_layernorm.weight"], c.eps, 0.0)
-            pending = swiglu_mlp(y, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
+            project = functools.partial(add_rms_norm_linear_group, x, pending, w[p + "input_layernorm.weight"], c.eps, 0.0)
+            x, out = self._attention(p + "self_attn.", project, i, segments, rope)
+            x, pending = add_rms_norm_swiglu_mlp(x, out, w[p + "post_attention_layernorm.weight"], c.eps, 0.0,
+                                                 w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
+                                                 w[p + "mlp.down_proj.weight"])
         advance(segments)
         return add_rms_norm(x, pending, w["model.norm.weight"], c.eps, 0.0)[1]
 

@@ -86,7 +86,8 @@ def test_engine_on_cuda_matches_the_cpu_reference(packed, profile):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch):
+@pytest.mark.parametrize("model_id", ["tiny-qwen3.5", "tiny-qwen3"])  # zero-centred (1 + w) and plain norms
+def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, model_id):
     """At one row on Hopper every layer's input and post-attention norm runs inside the NVFP4 GEMV that
     reads it (cuda_ops.nvfp4_norm_gemv_group: two launches a layer, none at more rows), and the logits
     are those of the same model with a norm kernel before each GEMV (NINFER_FUSED_NORM=0), to bf16 rounding."""
@@ -95,7 +96,7 @@ def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch):
 
     if not cuda_ops.available():
         pytest.skip("no sm_90 GPU or the extension did not build")
-    model = load(packed("tiny-qwen3.5", "nvfp4"), device="cuda", dtype=torch.bfloat16).model
+    model = load(packed(model_id, "nvfp4"), device="cuda", dtype=torch.bfloat16).model
     calls = []
     launch = cuda_ops.nvfp4_norm_gemv_group
     monkeypatch.setattr(cuda_ops, "nvfp4_norm_gemv_group", lambda *a, **kw: calls.append(1) or launch(*a, **kw))
