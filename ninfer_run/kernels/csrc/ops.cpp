@@ -187,8 +187,7 @@ std::string nvfp4_norm_gemv(const at::Tensor& x, const std::optional<at::Tensor>
     const auto pointer = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; };
     const NinferAddNorm norm{pointer(residual), weight.data_ptr(), pointer(sum_out), pointer(normed_out),
                              static_cast<float>(eps), static_cast<float>(offset)};
-    constexpr int64_t kRingBlockColumns = 3;  // quant_gemv_sm90.cu's Pipeline
-    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, kRingBlockColumns, false, &norm);
+    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false, &norm);
   });
 }
 

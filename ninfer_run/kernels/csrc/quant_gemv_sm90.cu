@@ -841,11 +841,6 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
 
 constexpr int kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a kernel gets without an opt-in
 
-// How a launch streams its weights (ops.cpp's `pipeline`): the register ring, the ring with x staged
-// in shared memory (tiled NVFP4, M <= 8, x and the partial sums within 48 KB; else the plain ring), the bulk-copy pipeline
-// (tiled NVFP4 only), or the staged ring with the block scales as MMA columns at M = 1 (Nvfp4Columns, tiled
-// NVFP4; other rows as ring-staged-x).
-enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3 };
 
 struct Launch {  // cudaLaunchKernelEx's configuration, with or without programmatic dependent launch
   cudaLaunchAttribute attribute{};

@@ -2,6 +2,14 @@
 #pragma once
 #include <cuda_runtime.h>
 
+namespace ninfer_sm90 {
+// How a launch streams its weights (the launchers' `pipeline`; cuda_ops.PIPELINES): the register ring, the
+// ring with x staged in shared memory (tiled NVFP4, M <= 8, x and the partial sums within 48 KB; else the
+// plain ring), the bulk-copy pipeline (tiled NVFP4 only), or the staged ring with the block scales as MMA
+// columns at M = 1 (Nvfp4Columns, tiled NVFP4; other rows as ring-staged-x).
+enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3 };
+}  // namespace ninfer_sm90
+
 // The RMSNorm a one-token ring-block-columns launch applies to x as it stages it, so a layer's residual
 // add and norm need no kernel of their own before its first projection: the GEMV's x is
 // RMSNorm(x + residual) * (offset + weight) (offset 0: weight times the rounded norm), rounded as
