@@ -507,6 +507,13 @@ __device__ __forceinline__ uint4 each_word(const uint4& a, const uint4& b, F f) 
   return make_uint4(f(a.x, b.x), f(a.y, b.y), f(a.z, b.z), f(a.w, b.w));
 }
 
+// Eight bf16 values times 2^100, exact (Nvfp4Columns stages x so: see its exactness note).
+__device__ __forceinline__ uint4 times_2_to_100(const uint4& v) {
+  constexpr uint32_t kTwoTo100 = 0x71807180u;  // bf16 2^100 in both halves
+  return make_uint4(bf16x2_mul(v.x, kTwoTo100), bf16x2_mul(v.y, kTwoTo100), bf16x2_mul(v.z, kTwoTo100),
+                    bf16x2_mul(v.w, kTwoTo100));
+}
+
 // Nvfp4Columns' staging with norm.weight set (NinferAddNorm): x + residual, rounded as torch's bf16 add
 // (a float sum rounded once), its sum of squares over the block, then the normed row as
 // layers.rms_norm_reference rounds it (offset: normed * (offset + w) in float32, cast once; offset 0:
@@ -554,9 +561,7 @@ __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat1
       return float2_bf16x2(__fmul_rn(fw.x, cast.x), __fmul_rn(fw.y, cast.y));
     });
     if (writer && norm.normed_out != nullptr) static_cast<uint4*>(norm.normed_out)[i] = y;
-    constexpr uint32_t kTwoTo100 = 0x71807180u;  // bf16 2^100 in both halves
-    staged[i] = make_uint4(bf16x2_mul(y.x, kTwoTo100), bf16x2_mul(y.y, kTwoTo100), bf16x2_mul(y.z, kTwoTo100),
-                           bf16x2_mul(y.w, kTwoTo100));
+    staged[i] = times_2_to_100(y);
   }
   if (threadIdx.x < 4) staged[K / 8 + threadIdx.x] = make_uint4(0, 0, 0, 0);  // the 64 zero bytes after x
 }
@@ -602,16 +607,8 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
       if constexpr (Codec::kNormsX) {
         stage_add_norm<kWarps>(x_staged, x, parts.norm, K);
       } else {
-        for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32) {
-          constexpr uint32_t kTwoTo100 = 0x71807180u;  // bf16 2^100 in both halves
-          uint4 v = make_uint4(0, 0, 0, 0);
-          if (i < K / 8) {
-            v = __ldg(rows + i);
-            v = make_uint4(bf16x2_mul(v.x, kTwoTo100), bf16x2_mul(v.y, kTwoTo100), bf16x2_mul(v.z, kTwoTo100),
-                           bf16x2_mul(v.w, kTwoTo100));
-          }
-          x_staged[i] = v;
-        }
+        for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32)
+          x_staged[i] = i < K / 8 ? times_2_to_100(__ldg(rows + i)) : make_uint4(0, 0, 0, 0);
       }
     } else {
       for (int i = threadIdx.x; i < M * K / 8; i += kWarps * 32) x_staged[i] = __ldg(rows + i);
@@ -894,26 +891,25 @@ template <class Codec, int kWarps, int kDepth, bool kTiled>
 cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
                         int pipeline, cudaStream_t stream) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  if constexpr (kTiled) {
-    // x and the kernel's static partial sums within the 48 KB a block gets without an opt-in (o_proj's
-    // K = 6144 at M = 4 is exactly 48 KB of x: that launch failed until the partials were counted)
-    constexpr int kPartialBytes = sizeof(float[kWarps][4][32]);
-    if constexpr (std::is_same_v<Codec, Nvfp4Tiled>) {
-      const int x_bytes = K * 2 + 64;  // x and the zeros Nvfp4Columns' idle lanes read
-      if (pipeline == kRingBlockColumns && M == 1 && x_bytes + kPartialBytes <= kDefaultSharedBytes) {
-        return parts.norm.weight != nullptr
-                   ? launch_persistent<Nvfp4ColumnsNorm, kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream)
-                   : launch_persistent<Nvfp4Columns, kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream);
-      }
+  // x and the kernel's static partial sums within the 48 KB a block gets without an opt-in (o_proj's
+  // K = 6144 at M = 4 is exactly 48 KB of x: that launch failed until the partials were counted)
+  constexpr int kPartialBytes = sizeof(float[kWarps][4][32]);
+  if constexpr (kTiled && std::is_same_v<Codec, Nvfp4Tiled>) {
+    const int x_bytes = K * 2 + 64;  // x and the zeros Nvfp4Columns' idle lanes read
+    if (pipeline == kRingBlockColumns && M == 1 && x_bytes + kPartialBytes <= kDefaultSharedBytes) {
+      return parts.norm.weight != nullptr
+                 ? launch_persistent<Nvfp4ColumnsNorm, kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream)
+                 : launch_persistent<Nvfp4Columns, kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream);
     }
-    if (parts.norm.weight != nullptr) return cudaErrorInvalidValue;  // only Nvfp4Columns stages a norm
+  }
+  if (parts.norm.weight != nullptr) return cudaErrorInvalidValue;  // only Nvfp4Columns stages a norm
+  if constexpr (kTiled) {
     const bool staged = pipeline == kRingStagedX || pipeline == kRingBlockColumns;
     if (staged && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
       Launch l(blocks, kWarps * 32, M * K * 2, pdl, stream);
       return cudaLaunchKernelEx(&l.config, low_rows_kernel<Codec, kWarps, kDepth, kTiled, true>(), xb, parts, M, K);
     }
   }
-  if (parts.norm.weight != nullptr) return cudaErrorInvalidValue;
   Launch l(blocks, kWarps * 32, 0, pdl, stream);
   return M > 8 ? cudaLaunchKernelEx(&l.config, gemv<Codec, true, kWarps, kDepth, kTiled, false>, xb, parts, M, K)
                : cudaLaunchKernelEx(&l.config, low_rows_kernel<Codec, kWarps, kDepth, kTiled, false>(), xb, parts, M, K);
