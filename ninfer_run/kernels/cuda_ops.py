@@ -223,11 +223,15 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows[:1] if glu else rows)
     shape = shape or nvfp4_shape(pipeline, sum(rows), x.shape[1], x.device)
-    s2 = [g.reshape(1).to(device=x.device, dtype=torch.float32) for _, _, g in weights]
-    _raise_refusal(torch.ops.ninfer.nvfp4_gemv(x.contiguous(), [q for q, _, _ in weights],
-                                               [s.view(torch.uint8) for _, s, _ in weights], s2, ys, *shape, tiled, pdl,
-                                               PIPELINES[pipeline], glu))
+    _raise_refusal(torch.ops.ninfer.nvfp4_gemv(x.contiguous(), *_nvfp4_operands(weights, x.device), ys, *shape, tiled,
+                                               pdl, PIPELINES[pipeline], glu))
     return ys
+
+
+def _nvfp4_operands(weights: list[tuple], device: torch.device) -> tuple[list, list, list]:
+    """(qweight, block_scale, global_scale) triples -> the ops' q, scale (as bytes) and s2 (one float32 each) lists."""
+    return ([q for q, _, _ in weights], [s.view(torch.uint8) for _, s, _ in weights],
+            [g.reshape(1).to(device=device, dtype=torch.float32) for _, _, g in weights])
 
 
 # Whether a one-row layer norm is staged by the GEMV after it (nvfp4_norm_gemv_group; NINFER_FUSED_NORM=0:
@@ -260,11 +264,10 @@ def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_w
     s = torch.empty_like(x) if residual is not None else x
     y = torch.empty_like(x) if normed else None
     shape = shape or gemv_shape(sum(rows), x.shape[1], x.device)
-    s2 = [g.reshape(1).to(device=x.device, dtype=torch.float32) for _, _, g in weights]
     _raise_refusal(torch.ops.ninfer.nvfp4_norm_gemv(
         x.contiguous(), residual.contiguous() if residual is not None else None, norm_weight.contiguous(),
-        s if residual is not None else None, y, float(eps), float(offset), [q for q, _, _ in weights],
-        [sc.view(torch.uint8) for _, sc, _ in weights], s2, ys, *shape, pdl))
+        s if residual is not None else None, y, float(eps), float(offset), *_nvfp4_operands(weights, x.device), ys,
+        *shape, pdl))
     return s, y, ys
 
 

@@ -80,8 +80,7 @@ class QuantizedLinear:
             return None
         x2 = x2.to(torch.bfloat16)  # (the tiled NVFP4 kernel takes any rows as bf16; results are cast back)
         if kernels == {"nvfp4"}:
-            ys = cuda_ops.nvfp4_gemv_group(x2, [(w.parts["qweight"], w.parts["block_scale"], w.parts["global_scale"])
-                                                for w in weights], tiled=True, glu=glu)
+            ys = cuda_ops.nvfp4_gemv_group(x2, [w._nvfp4_parts() for w in weights], tiled=True, glu=glu)
         else:
             ys = cuda_ops.int4_gemv_group(x2, [(w.parts["qweight"], w.parts["scale"], w.parts.get("zero_point"))
                                                for w in weights], tiled=weights[0].tiled)
@@ -100,13 +99,17 @@ class QuantizedLinear:
         x2 = x.reshape(1, k)
         if not all(isinstance(w, QuantizedLinear) and w._cuda_gemv(x2) == "nvfp4" for w in weights):
             return None
-        parts = [(w.parts["qweight"], w.parts["block_scale"], w.parts["global_scale"]) for w in weights]
+        parts = [w._nvfp4_parts() for w in weights]
         if not cuda_ops.norm_gemv_fits(x2, parts, norm_weight):
             return None
         s, y, ys = cuda_ops.nvfp4_norm_gemv_group(x2, residual.reshape(1, k) if residual is not None else None,
                                                   norm_weight, eps, offset, parts, normed=normed)
         return (s.view(x.shape), y.view(x.shape) if y is not None else None,
                 [out.reshape(*x.shape[:-1], w.shape[0]) for out, w in zip(ys, weights)])
+
+    def _nvfp4_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(qweight, block_scale, global_scale), as cuda_ops' NVFP4 GEMVs take a weight."""
+        return self.parts["qweight"], self.parts["block_scale"], self.parts["global_scale"]
 
     def _cuda_gemv(self, x: torch.Tensor) -> str | None:
         """Which CUDA GEMV takes these (<= 16) rows: "nvfp4" or "int4-tiled" (the tiled layouts: the shape
