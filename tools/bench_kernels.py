@@ -433,76 +433,6 @@ def mlp_chain(device: str) -> list[dict]:
     return rows
 
 
-def prefetch_chain(device: str) -> list[dict]:
-    """A GDN layer's GEMVs at one row (ring-block-columns, PDL) over CHAIN_LAYERS layers of distinct weights in
-    one CUDA graph, through the engine's QuantizedLinear launches: in_proj (qkv and z), a spin of GAP_US
-    where the layer's small kernels run (torch.cuda._sleep: DRAM idle), out_proj, gate and up, down; each
-    launch asking L2 for none, or for the next launch's first MB (kernels/linear.link_prefetches), as bulk
-    prefetches or per 32-byte sector (NINFER_L2_PREFETCH_LINES), on every link or only across the gap."""
-    from ninfer_run.kernels.linear import QuantizedLinear, Scratch, link_prefetches
-
-    hidden, inter, qkv, z, value = 5120, 17408, 10240, 6144, 6144
-    shapes = {"qkv": (qkv, hidden), "z": (z, hidden), "out": (hidden, value), "gate": (inter, hidden),
-              "up": (inter, hidden), "down": (hidden, inter)}
-    scratch = Scratch()
-
-    def weight(n, k):
-        q, s8, s2 = _nvfp4_weight(n, k, device)
-        return QuantizedLinear({"kind": "nvfp4"}, {"qweight": q, "block_scale": s8, "global_scale": s2}, (n, k), scratch)
-
-    layers = [{name: weight(*shape) for name, shape in shapes.items()} for _ in range(CHAIN_LAYERS)]
-    launches = [launch for w in layers for launch in ([w["qkv"], w["z"]], [w["out"]], [w["gate"], w["up"]], [w["down"]])]
-    xs = {k: torch.randn(1, k, device=device, dtype=torch.bfloat16) for k in (hidden, value, inter)}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10**7)
-    end.record()
-    torch.cuda.synchronize()
-    cycles = int(GAP_US * 10**7 / (1000 * start.elapsed_time(end)))  # (the spin's cycles a microsecond, measured)
-    layer_bytes = sum(n * k // 2 + n * k // 16 for n, k in shapes.values())
-
-    def layer(w, gap: bool):
-        QuantizedLinear.group(xs[hidden], [w["qkv"], w["z"]])
-        if gap:
-            torch.cuda._sleep(cycles)
-        QuantizedLinear.group(xs[value], [w["out"]])
-        QuantizedLinear.group(xs[hidden], [w["gate"], w["up"]])
-        QuantizedLinear.group(xs[inter], [w["down"]])
-
-    def link(mb: int, gap_only: bool):
-        for launch in launches:
-            for w in launch:
-                w.prefetch = []
-        for chain in ([[w["qkv"], w["z"]], [w["out"]]] for w in layers) if gap_only else [launches]:
-            link_prefetches(chain, mb << 20)
-
-    variants = {"no gap, no prefetch": (False, 0, False, "0"), "gap, no prefetch": (True, 0, False, "0")}
-    for mb in (8, 24):
-        for kind, lines in (("bulk", "0"), ("sectors", "1")):
-            variants[f"gap, {kind} {mb} MB"] = (True, mb, False, lines)
-            variants[f"gap, {kind} {mb} MB across the gap only"] = (True, mb, True, lines)
-    rows = []
-    for name, (gap, mb, gap_only, lines) in variants.items():
-        os.environ["NINFER_L2_PREFETCH_LINES"] = lines  # (read by each launch as it is captured)
-        link(mb, gap_only)
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            layer(layers[0], gap)  # warm up outside the capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                for w in layers:
-                    layer(w, gap)
-        graph.replay()
-        torch.cuda.synchronize()
-        us = 1000 * _bench(graph.replay) / CHAIN_LAYERS
-        rows.append({"variant": name, "us_per_layer": us, "GB_s": layer_bytes / us / 1e3, "layer_bytes": layer_bytes})
-    os.environ.pop("NINFER_L2_PREFETCH_LINES")
-    return rows
-
-
-GAP_US = 10  # the GDN layer's small kernels at one row (conv, gates, recurrence, gated norm: stop 22's profile)
-
-
 def table(results: dict) -> str:
     lines = []
     c = results.get("ceilings")
@@ -567,8 +497,6 @@ def main() -> None:
     parser.add_argument("--gemv-only", action="store_true", help="only the decode GEMVs (a quick kernel iteration)")
     parser.add_argument("--floor-sweep", action="store_true", help="only the GEMV's loads in each work layout")
     parser.add_argument("--chain", action="store_true", help="only the MLP block in a CUDA graph, each launch way")
-    parser.add_argument("--prefetch-chain", action="store_true",
-                        help="only a GDN layer's GEMVs around a spin where its small kernels run, each L2 prefetch way")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -582,9 +510,6 @@ def main() -> None:
         return _report(args.out, "bench_gemv_floor_h200", "floor_sweep", floor_sweep(device), ceil,
                        lambda r: f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} "
                                  f"{r['blocks_per_sm']}/SM {r['us']:6.1f} us")
-    if args.prefetch_chain:
-        return _report(args.out, "bench_prefetch_chain_h200", "prefetch_chain", prefetch_chain(device), ceil,
-                       lambda r: f"prefetch {r['variant']:<40} {r['us_per_layer']:6.1f} us/layer")
     if args.chain:
         return _report(args.out, "bench_chain_h200", "mlp_chain", mlp_chain(device), ceil,
                        lambda r: f"chain {r['variant']:<20} {r['us_per_layer']:6.1f} us/layer")

@@ -7,13 +7,12 @@
 #   gemv    tools/bench_kernels.py --gemv-only: the decode GEMVs alone, every CUDA (tiles, warps) shape
 #   floor   tools/bench_kernels.py --floor-sweep: the GEMV's loads alone in each work layout
 #   chain   tools/bench_kernels.py --chain: the MLP block in a CUDA graph, GEMVs apart / grouped / PDL
-#   prefetch tools/bench_kernels.py --prefetch-chain: a GDN layer's GEMVs around a spin, each L2 prefetch way
 #   kernels tools/bench_kernels.py: each kernel vs the roofline and its bf16 peer
 #   bench   tools/bench.py: the full-size qwen3.8-27b through the engine vs transformers
 #   sass    the engine's NVFP4 GEMVs (tiled, 8 warps, depth 2: M = 1 with the blocks as MMA columns, 2-8 rows
 #           with x staged) disassembled: gemv_sass.txt, gemv_columns_sass.txt and their instruction counts
 #           by opcode (what the arithmetic costs per tile)
-# JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [prefetch] [kernels] [bench] [sass]
+# JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [kernels] [bench] [sass]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; BENCH_ARGS are passed
 # to bench.py (e.g. "--profiles nvfp4 --profile-prefill 32768"), TESTS_ARGS to pytest (e.g. "tests/kernels"; split
 # on spaces, so a -k expression goes in PYTEST_ADDOPTS="-k 'norm or captured'", which pytest parses itself).
@@ -40,7 +39,6 @@ for stage in $stages; do
         gemv) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gemv-only --out "$OUT" 2>&1 | tee "$OUT/bench_gemv.log" | grep gemv | cut -c1-220 ;;
         floor) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --floor-sweep --out "$OUT" 2>&1 | tee "$OUT/bench_floor.log" | grep floor ;;
         chain) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --chain --out "$OUT" 2>&1 | tee "$OUT/bench_chain.log" | grep chain ;;
-        prefetch) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --prefetch-chain --out "$OUT" 2>&1 | tee "$OUT/bench_prefetch.log" | grep prefetch ;;
         kernels) timeout ${KERNELS_S:-300} python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
         bench) # the GPU's clocks, temperature, power and throttle reasons every 2 s beside it (prefill is
                # power-capped; a slow 100K TTFT in stops 16 and 17 was never sampled)

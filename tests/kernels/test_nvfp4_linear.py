@@ -351,12 +351,12 @@ def test_cuda_gemv_prefetch_changes_no_output(pipeline, m):
     x = torch.randn(m, kk, generator=torch.Generator().manual_seed(m)).to(DEVICE, DTYPE)
     x_after = torch.randn(m, 6144, generator=torch.Generator().manual_seed(m + 1)).to(DEVICE, DTYPE)
     regions = _prefetch_regions(after)
-    norm = torch.rand(kk, device=DEVICE, dtype=DTYPE)
     outs = {}
     for prefetch in ([], regions):
         outs[len(prefetch)] = [*cuda_ops.nvfp4_gemv_group(x, weights, tiled=True, pipeline=pipeline, prefetch=prefetch),
                                *cuda_ops.nvfp4_gemv_group(x_after, [after], tiled=True, pipeline=pipeline)]
         if m == 1 and pipeline == "ring-block-columns":
+            norm = torch.rand(kk, device=DEVICE, dtype=DTYPE)
             outs[len(prefetch)] += cuda_ops.nvfp4_norm_gemv_group(x, x.flip(1), norm, 1e-6, 1.0, weights,
                                                                   prefetch=prefetch)[2]
     torch.cuda.synchronize()

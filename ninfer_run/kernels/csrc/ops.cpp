@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -94,8 +93,6 @@ NinferPrefetch prefetch_regions(const at::Tensor& x, at::TensorList prefetch) {
     regions.bytes[regions.count] = static_cast<unsigned int>(bytes);
     ++regions.count;
   }
-  const char* lines = std::getenv("NINFER_L2_PREFETCH_LINES");  // (an experiment: read at each launch)
-  regions.lines = lines != nullptr && lines[0] == '1';
   return regions;
 }
 

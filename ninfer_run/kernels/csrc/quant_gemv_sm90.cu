@@ -686,13 +686,9 @@ __device__ __forceinline__ void prefetch_share(const NinferPrefetch& prefetch) {
   for (int r = 0; r < 6; ++r) {
     if (r < prefetch.count) {
       const uint32_t lo = max(begin, at), hi = min(end, at + prefetch.bytes[r]);
-      const uint8_t* base = static_cast<const uint8_t*>(prefetch.address[r]) - at;
-      if (prefetch.lines) {
-        for (uint32_t b = lo + threadIdx.x * 32; b < hi; b += blockDim.x * 32)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(base + b) : "memory");
-      } else if (lo < hi && threadIdx.x == 0) {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + lo), "r"(hi - lo) : "memory");
-      }
+      if (lo < hi)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                     ::"l"(static_cast<const uint8_t*>(prefetch.address[r]) + (lo - at)), "r"(hi - lo) : "memory");
       at += prefetch.bytes[r];
     }
   }
@@ -710,7 +706,7 @@ __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, c
   } else {
     gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, blockIdx.x, true);
   }
-  prefetch_share(parts.prefetch);  // (its strips are done: the next weights' turn)
+  if (threadIdx.x == 0) prefetch_share(parts.prefetch);  // (its strips are done: the next weights' turn)
 }
 
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
@@ -814,7 +810,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
           bulk_copy(slots + kStages * kCodes + at * 128, scales[p] + (size_t)j * kSplit * 128, n * 128, &full[slot]);
         }
       }
-      if (!parts.prefetch.lines) prefetch_share(parts.prefetch);  // (the block's last copies are asked: the next weights' turn)
+      prefetch_share(parts.prefetch);  // (the block's last copies are asked: the next weights' turn)
     }
     return;
   }

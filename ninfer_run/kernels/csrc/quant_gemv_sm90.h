@@ -30,7 +30,6 @@ struct NinferPrefetch {
   const void* address[6];
   unsigned int bytes[6];
   int count;
-  int lines;  // 1: every thread asks for its 32-byte sectors (prefetch.global.L2); 0: bulk prefetches
 };
 
 // `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the launch's CUDA error code
