@@ -19,8 +19,7 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - with --ab-pipeline NAME, decode each concurrency again, with the default pipeline and then with the
     NVFP4 GEMV streaming its weights through NAME (cuda_ops.PIPELINE_NAMES; an A/B of adjacent runs: each
     decode captures its own graphs); with --ab-fused-norm, likewise with the one-row layer norms staged
-    by the GEMV after them and with a norm kernel of their own (cuda_ops.FUSED_NORM flipped); with
-    --ab-l2-prefetch, with and without each GEMV having L2 fetch the next one's weights (cuda_ops.L2_PREFETCH).
+    by the GEMV after them and with a norm kernel of their own (cuda_ops.FUSED_NORM flipped).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
 difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
@@ -52,7 +51,7 @@ from ninfer_registry import load as registry_entry  # noqa: E402
 from ninfer_registry import scheme_classes  # noqa: E402
 from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
 from ninfer_run.kernels import cuda_ops, gated_delta  # noqa: E402
-from ninfer_run.kernels.linear import PREFETCH_BYTES, QuantizedLinear, Scratch  # noqa: E402
+from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
 from ninfer_run.memory import ModelShape, plan  # noqa: E402
 from ninfer_run.models import model_class  # noqa: E402
 from ninfer_run.sampling import SamplingParams  # noqa: E402
@@ -395,7 +394,6 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
     # machine's drift over the run stays out of the A/B)
     flips = [("pipeline", "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []
     flips += [("fused norm", "FUSED_NORM", not cuda_ops.FUSED_NORM)] if args.ab_fused_norm else []
-    flips += [("L2 prefetch", "L2_PREFETCH", not cuda_ops.L2_PREFETCH)] if args.ab_l2_prefetch else []
     for label, name, other in flips:
         default = getattr(cuda_ops, name)
         try:
@@ -435,8 +433,6 @@ def main() -> None:
                         help="also decode each concurrency with the NVFP4 GEMV's weights streamed this way (an A/B)")
     parser.add_argument("--ab-fused-norm", action="store_true",
                         help="also decode each concurrency with the one-row layer norms fused into the GEMVs and not")
-    parser.add_argument("--ab-l2-prefetch", action="store_true",
-                        help="also decode each concurrency with and without the GEMVs' L2 prefetch of the next weights")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
@@ -465,7 +461,7 @@ def main() -> None:
         p = results["profiles"][profile] = {
             "build_s": time.perf_counter() - t0, "weights_GiB": weights / 2**30, "read_GiB": read_bytes / 2**30,
             "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / read_bytes, "gemv_pipeline": cuda_ops.PIPELINE,
-            "fused_norm": cuda_ops.FUSED_NORM, "l2_prefetch_MiB": PREFETCH_BYTES / 2**20 if cuda_ops.L2_PREFETCH else 0,
+            "fused_norm": cuda_ops.FUSED_NORM,
             "prefill": [], "decode": []}
         p["kv_capacity"] = kv_capacity(model, entry, config, weights, device)
         save()

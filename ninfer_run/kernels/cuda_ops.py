@@ -12,9 +12,8 @@ callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off
   int4_gemv    the same for int4 group-128 weights (symmetric or with zero points), row-major or (the
                engine's) tile_int4's layout; its reference is int_linear.reference. int4_gemv_group likewise.
 Both launch as programmatic dependents (PDL; NINFER_PDL=0 turns it off): each block streams its first
-weight tiles while the kernel before it finishes. Each launch may name what L2 should fetch as its blocks
-finish (`prefetch`: the next launch's weights, kernels/linear.py link_prefetches; NINFER_L2_PREFETCH=0 drops
-it). NINFER_GEMV_PIPELINE picks how the tiled NVFP4 GEMV streams its weights (PIPELINES).
+weight tiles while the kernel before it finishes. NINFER_GEMV_PIPELINE picks how the tiled NVFP4 GEMV
+streams its weights (PIPELINES).
 """
 
 from __future__ import annotations
@@ -166,9 +165,6 @@ def tile_int4(qweight: torch.Tensor, scale: torch.Tensor,
 
 
 PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependent launches (csrc)
-# Whether the GEMVs pass on the L2 prefetch they are given (csrc NinferPrefetch). Read at each call:
-# tools/bench.py --ab-l2-prefetch flips it.
-L2_PREFETCH = os.environ.get("NINFER_L2_PREFETCH", "1") != "0"
 # How the NVFP4 GEMV streams the tiled layout's weights (csrc Pipeline): "ring" (each warp keeps its next
 # tiles in registers), "ring-staged-x" (the ring, x copied to shared memory first where it fits in 48 KB
 # with the partial sums, else the plain ring), "bulk" (a producer warp streams each block's rows through
@@ -214,15 +210,13 @@ def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple
 
 def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
                      tiled: bool = False, pdl: bool = PDL, pipeline: str | None = None,
-                     glu: bool = False, prefetch: list[torch.Tensor] = ()) -> list[torch.Tensor]:
+                     glu: bool = False) -> list[torch.Tensor]:
     """nvfp4_gemv of 1 to 3 weights (qweight, block_scale, global_scale) that read the same x, as one
     launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `pipeline`: one of PIPELINES
     (tiled only), None: PIPELINE as it is at the call (tools/bench.py --ab-pipeline flips it for a second
     set of decode figures). `shape`: the pipeline's, as for their total N (gemv_shape, bulk_shape).
     `glu` (tiled, the bulk pipeline): the weights are gate and up of one N -> [SiLU(x @ gate^T) *
-    (x @ up^T)], from the float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own).
-    `prefetch`: up to 6 tensors on x's device (16-byte aligned, multiples of 16 bytes) that L2 fetches as the
-    launch's blocks finish (_prefetch)."""
+    (x @ up^T)], from the float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own)."""
     pipeline = pipeline_for(pipeline) if tiled else "ring"
     if glu and (pipeline != "bulk" or len(weights) != 2):
         raise ValueError(f"glu: gate and up in the bulk pipeline (tiled), not {len(weights)} weights in {pipeline!r}")
@@ -230,13 +224,8 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
     ys = _outputs(x, rows[:1] if glu else rows)
     shape = shape or nvfp4_shape(pipeline, sum(rows), x.shape[1], x.device)
     _raise_refusal(torch.ops.ninfer.nvfp4_gemv(x.contiguous(), *_nvfp4_operands(weights, x.device), ys, *shape, tiled,
-                                               pdl, PIPELINES[pipeline], glu, _prefetch(prefetch)))
+                                               pdl, PIPELINES[pipeline], glu))
     return ys
-
-
-def _prefetch(tensors) -> list[torch.Tensor]:
-    """What a launch passes on as its L2 prefetch: the tensors, or none where L2_PREFETCH is off now."""
-    return list(tensors) if L2_PREFETCH else []
 
 
 def _nvfp4_operands(weights: list[tuple], device: torch.device) -> tuple[list, list, list]:
@@ -265,8 +254,7 @@ def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Ten
 
 def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                           offset: float, weights: list[tuple], normed: bool = False, shape: tuple[int, int] | None = None,
-                          pdl: bool = PDL,
-                          prefetch: list[torch.Tensor] = ()) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+                          pdl: bool = PDL) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
     """One row x [1, K]: (s = x + residual (x itself with no residual), RMSNorm(s) if `normed` else None,
     [RMSNorm(s) @ W^T for W in weights]) in one ring-block-columns launch of tiled NVFP4 weights (as
     nvfp4_gemv_group's): each block stages the normed row itself, as layers.add_rms_norm rounds it (the sum
@@ -279,7 +267,7 @@ def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_w
     _raise_refusal(torch.ops.ninfer.nvfp4_norm_gemv(
         x.contiguous(), residual.contiguous() if residual is not None else None, norm_weight.contiguous(),
         s if residual is not None else None, y, float(eps), float(offset), *_nvfp4_operands(weights, x.device), ys,
-        *shape, pdl, _prefetch(prefetch)))
+        *shape, pdl))
     return s, y, ys
 
 
@@ -290,18 +278,17 @@ def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int
 
 
 def int4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
-                    pdl: bool = PDL, tiled: bool = False, pipeline: str | None = None,
-                    prefetch: list[torch.Tensor] = ()) -> list[torch.Tensor]:
+                    pdl: bool = PDL, tiled: bool = False, pipeline: str | None = None) -> list[torch.Tensor]:
     """int4_gemv of 1 to 3 weights (qweight, scale, zero_point) that read the same x, as one launch.
     `tiled`: every weight tile_int4's (codes, records, None), streamed by `pipeline` ("ring" or, the
-    default, "ring-staged-x", as NVFP4's); the row-major codes take the ring. `prefetch`: as nvfp4_gemv_group's."""
+    default, "ring-staged-x", as NVFP4's); the row-major codes take the ring."""
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows)
     warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)
     pipeline = pipeline or ("ring-staged-x" if tiled else "ring")
     _raise_refusal(torch.ops.ninfer.int4_gemv(x.contiguous(), [q for q, _, _ in weights], [s for _, s, _ in weights],
                                               [z for _, _, z in weights], ys, warps, depth, tiled, pdl,
-                                              PIPELINES[pipeline], _prefetch(prefetch)))
+                                              PIPELINES[pipeline]))
     return ys
 
 

@@ -6,13 +6,9 @@ more rows (prefill chunks) dequantize into one shared bf16 scratch buffer, sized
 weight, and run a single cuBLAS matmul. The weight's parts are the artifact's logical (row-major)
 parts, on the device; on Hopper the NVFP4 and int4-g128 codes and scales (and zero points) are re-laid
 once in the CUDA GEMV's tile order (cuda_ops.tile_nvfp4, tile_int4), which the dequantization reads too.
-A decode step's launches are chained (link_prefetches): each GEMV has L2 fetch the next one's first bytes as
-its blocks finish, so the small kernels between two GEMVs no longer leave the memory idle.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -20,9 +16,6 @@ from . import cuda_ops, int_linear, nvfp4_linear
 
 GEMV_MAX_ROWS = 16
 MAX_GROUP = 3  # weights one CUDA GEMV launch takes (csrc kMaxParts)
-# How much of the next launch's weights a GEMV has L2 fetch (link_prefetches): about half the H200's 50 MB
-# L2, so what arrives early is still there when the next GEMV reads it. 0: no prefetch.
-PREFETCH_BYTES = int(float(os.environ.get("NINFER_L2_PREFETCH_MB", "24")) * 2**20)
 
 
 class Scratch:
@@ -42,7 +35,6 @@ class QuantizedLinear:
         if scheme["kind"] not in ("nvfp4", "int"):
             raise ValueError(f"no kernel for scheme {scheme['kind']!r}")
         self.scheme, self.parts, self.shape, self.scratch = scheme, parts, shape, scratch
-        self.prefetch: list[torch.Tensor] = []  # what its launch has L2 fetch next (link_prefetches)
         # NVFP4 and int4-g128 on Hopper: codes (and NVFP4's scales) re-laid once, at load, as the CUDA GEMV
         # streams them (each warp's tile contiguous); prefill dequantizes from the same bytes
         on_gpu = parts["qweight"].is_cuda
@@ -88,11 +80,10 @@ class QuantizedLinear:
             return None
         x2 = x2.to(torch.bfloat16)  # (the tiled NVFP4 kernel takes any rows as bf16; results are cast back)
         if kernels == {"nvfp4"}:
-            ys = cuda_ops.nvfp4_gemv_group(x2, [w._nvfp4_parts() for w in weights], tiled=True, glu=glu,
-                                           prefetch=weights[0].prefetch)
+            ys = cuda_ops.nvfp4_gemv_group(x2, [w._nvfp4_parts() for w in weights], tiled=True, glu=glu)
         else:
             ys = cuda_ops.int4_gemv_group(x2, [(w.parts["qweight"], w.parts["scale"], w.parts.get("zero_point"))
-                                               for w in weights], tiled=weights[0].tiled, prefetch=weights[0].prefetch)
+                                               for w in weights], tiled=weights[0].tiled)
         return [y.to(x.dtype).reshape(*lead, w.shape[0]) for y, w in zip(ys, weights)]
 
     @staticmethod
@@ -112,20 +103,13 @@ class QuantizedLinear:
         if not cuda_ops.norm_gemv_fits(x2, parts, norm_weight):
             return None
         s, y, ys = cuda_ops.nvfp4_norm_gemv_group(x2, residual.reshape(1, k) if residual is not None else None,
-                                                  norm_weight, eps, offset, parts, normed=normed,
-                                                  prefetch=weights[0].prefetch)
+                                                  norm_weight, eps, offset, parts, normed=normed)
         return (s.view(x.shape), y.view(x.shape) if y is not None else None,
                 [out.reshape(*x.shape[:-1], w.shape[0]) for out, w in zip(ys, weights)])
 
     def _nvfp4_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qweight, block_scale, global_scale), as cuda_ops' NVFP4 GEMVs take a weight."""
         return self.parts["qweight"], self.parts["block_scale"], self.parts["global_scale"]
-
-    def streamed_bytes(self) -> list[torch.Tensor]:
-        """The tiled layout's codes and scales (NVFP4 block scales, or int4's records) as flat byte views, in
-        the order a GEMV reads them: strip by strip (16 rows) from the first."""
-        scales = self.parts["block_scale"] if self.scheme["kind"] == "nvfp4" else self.parts["scale"]
-        return [t.view(torch.uint8).reshape(-1) for t in (self.parts["qweight"], scales)]
 
     def _cuda_gemv(self, x: torch.Tensor) -> str | None:
         """Which CUDA GEMV takes these (<= 16) rows: "nvfp4" or "int4-tiled" (the tiled layouts: the shape
@@ -152,38 +136,3 @@ class QuantizedLinear:
                                            tiled_shape=self.shape if self.tiled else None)
         return int_linear.dequantize(p["qweight"], p["scale"], p.get("zero_point"), self.scheme["bits"],
                                      self.scheme["group_size"], self.shape[1], out=out, tiled=self.tiled)
-
-
-def prefetch_views(weights: list[QuantizedLinear], budget: int) -> list[torch.Tensor]:
-    """The first `budget` bytes a launch of `weights` reads, as byte views of their codes and scales: whole
-    weights in launch order (its blocks take the first weight's strips first), the one the budget ends in cut
-    at the same fraction of its codes and of its scales (its first strips of both), each view a multiple of
-    16 bytes (csrc NinferPrefetch)."""
-    views = []
-    for w in weights:
-        if budget <= 0:
-            break
-        parts = w.streamed_bytes()
-        size = sum(t.numel() for t in parts)
-        fraction = min(1.0, budget / size)
-        views += [t[:n] for t in parts if (n := int(t.numel() * fraction) // 16 * 16) > 0]
-        budget -= size
-    return views
-
-
-def link_prefetches(launches: list[list], budget: int = PREFETCH_BYTES) -> int:
-    """Chain a step's GEMV launches (`launches`: each one's weights, in the order a step makes them; a
-    model's weight_stream): each launch's weights get `prefetch` = the next launch's first `budget` bytes
-    (prefetch_views), which its GEMV has L2 fetch as its blocks finish. Only launches of tiled weights (the
-    CUDA GEMVs') on both sides are linked. -> the number of links."""
-    def tiled(launch: list) -> bool:
-        return all(isinstance(w, QuantizedLinear) and w.tiled for w in launch)
-
-    links = 0
-    for launch, after in zip(launches, launches[1:]):
-        if tiled(launch) and tiled(after) and budget > 0:
-            views = prefetch_views(after, budget)
-            for w in launch:
-                w.prefetch = views
-            links += 1
-    return links

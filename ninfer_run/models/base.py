@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.linear import link_prefetches
 from ..layers import linear
 from ..state import Segments, SequenceState
 from ..static_step import StaticBatch
@@ -16,17 +15,6 @@ class CausalLM:
         raise NotImplementedError
 
     lm_head: torch.Tensor
-
-    def weight_stream(self) -> list[list]:
-        """The weights of each projection launch a one-row step makes, launch by launch in `_run`'s order
-        (tests/kernels/test_prefetch_links.py checks it against a recorded step): what link_prefetches
-        chains, so each GEMV has L2 fetch the next one's weights as it ends."""
-        raise NotImplementedError
-
-    def _link_prefetches(self) -> None:
-        """Chain the step's GEMVs (kernels/linear.py link_prefetches); nothing where the weights are not the
-        CUDA GEMVs' (CPU, plain weights)."""
-        link_prefetches(self.weight_stream())
 
     def forward(self, tokens: torch.Tensor, state: SequenceState, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [T] (the next T tokens) -> (final-norm hidden [T, H], logits [T, V]); updates `state`.

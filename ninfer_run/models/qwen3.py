@@ -38,7 +38,6 @@ class Model(CausalLM):
     def __init__(self, config: dict, entry: dict, weights: dict[str, torch.Tensor]):
         self.cfg = DenseConfig.from_config(config)
         self.w = weights
-        self._link_prefetches()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -66,14 +65,6 @@ class Model(CausalLM):
 
     def kv_layers(self) -> list[int]:
         return list(range(self.cfg.num_layers))
-
-    def weight_stream(self) -> list[list]:
-        launches = []
-        for i in range(self.cfg.num_layers):
-            p = f"model.layers.{i}."
-            launches += [[self.w[p + f"self_attn.{name}_proj.weight"] for name in "qkv"], [self.w[p + "self_attn.o_proj.weight"]],
-                         [self.w[p + "mlp.gate_proj.weight"], self.w[p + "mlp.up_proj.weight"]], [self.w[p + "mlp.down_proj.weight"]]]
-        return launches
 
     def _run(self, tokens: torch.Tensor, segments: Segments) -> torch.Tensor:
         """Every layer over the rows of `segments` -> final-norm hidden [rows, H]; advances the states."""

@@ -93,7 +93,6 @@ class Model(CausalLM):
         self.cfg = HybridConfig.from_config(config, entry["layer_pattern"])
         self.w = dict(weights)  # our own name -> tensor map (_fuse_gate_inputs re-points entries)
         self.gate_inputs = self._fuse_gate_inputs()
-        self._link_prefetches()
 
     def _fuse_gate_inputs(self) -> dict[int, torch.Tensor]:
         """Each GDN layer's in_proj_a and in_proj_b (both read x; tiny, kept in bf16) as one weight: one
@@ -219,20 +218,6 @@ class Model(CausalLM):
         x, out = mixer(functools.partial(add_rms_norm_linear_group, x, pending, w("input_layernorm.weight"), c.eps, 1.0))
         return add_rms_norm_swiglu_mlp(x, out, w("post_attention_layernorm.weight"), c.eps, 1.0, w("mlp.gate_proj.weight"),
                                        w("mlp.up_proj.weight"), w("mlp.down_proj.weight"))
-
-    def weight_stream(self) -> list[list]:
-        launches = []
-        for i, kind in enumerate(self.cfg.layer_types):
-            w = (lambda name, i=i: self._p(f"layers.{i}.{name}"))
-            if kind == "linear_attention":
-                launches.append([w("linear_attn.in_proj_qkv.weight"), w("linear_attn.in_proj_z.weight")])
-                if i not in self.gate_inputs:  # (quantized a and b: their own launch, see _gdn)
-                    launches.append([w("linear_attn.in_proj_a.weight"), w("linear_attn.in_proj_b.weight")])
-                launches.append([w("linear_attn.out_proj.weight")])
-            else:
-                launches += [[w(f"self_attn.{name}_proj.weight") for name in "qkv"], [w("self_attn.o_proj.weight")]]
-            launches += [[w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")], [w("mlp.down_proj.weight")]]
-        return launches
 
     def _run(self, tokens: torch.Tensor, segments: Segments) -> torch.Tensor:
         """Every layer over the rows of `segments` -> final-norm hidden [rows, H]; advances the states."""

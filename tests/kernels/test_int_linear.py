@@ -100,24 +100,6 @@ def test_cuda_int4_gemv_group_gives_each_weight_its_own_product(m):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
-@pytest.mark.parametrize("m", [1, 12])
-def test_cuda_int4_gemv_prefetch_changes_no_output(m):
-    """The tiled int4 launch asking L2 for the next weight's codes and records as its blocks finish writes
-    exactly what it writes without."""
-    from ninfer_run.kernels import cuda_ops
-
-    if not cuda_ops.available():
-        pytest.skip("no sm_90 GPU or the extension did not build")
-    p, after = (_weight(n, 5120, 4, 128, False, n + m) for n in (6144, 5120))
-    weight = [(*cuda_ops.tile_int4(p["qweight"], p["scale"], p["zero_point"]), None)]
-    regions = [t.view(torch.uint8).reshape(-1)[:-16] for t in cuda_ops.tile_int4(after["qweight"], after["scale"])]
-    x = torch.randn(m, 5120, generator=torch.Generator().manual_seed(m)).to(DEVICE, DTYPE)
-    plain, = cuda_ops.int4_gemv_group(x, weight, tiled=True)
-    prefetched, = cuda_ops.int4_gemv_group(x, weight, tiled=True, prefetch=regions)
-    assert torch.equal(plain, prefetched)
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 def test_cuda_int4_gemv_refuses_what_it_has_no_kernel_for():
     """The bulk pipeline is tiled NVFP4's; staged x needs the tiled codes: a clear error, no launch."""
     from ninfer_run.kernels import cuda_ops

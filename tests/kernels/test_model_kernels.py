@@ -111,26 +111,3 @@ def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, m
         assert len(calls) == (4 * 2 * model.cfg.num_layers if fused else 0)
         logits[fused] = torch.cat([prefill, *steps])
     assert _rel(logits[True], logits[False]) < 2e-2
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("model_id", ["tiny-qwen3.5", "tiny-qwen3"])
-def test_linked_prefetches_change_no_logit(packed, monkeypatch, model_id):
-    """On Hopper each GEMV launch of a step but the last is given the next launch's weights to prefetch
-    into L2 (kernels/linear.py link_prefetches), and one-row steps' logits are bitwise those without."""
-    from ninfer_run.kernels import cuda_ops
-    from ninfer_run.loader import load
-
-    if not cuda_ops.available():
-        pytest.skip("no sm_90 GPU or the extension did not build")
-    model = load(packed(model_id, "nvfp4"), device="cuda", dtype=torch.bfloat16).model
-    stream = model.weight_stream()
-    assert all(launch[0].prefetch for launch in stream[:-1]) and not stream[-1][0].prefetch
-    tokens = torch.randint(0, 512, (24,), generator=torch.Generator().manual_seed(9))
-    logits = {}
-    for prefetch in (True, False):
-        monkeypatch.setattr(cuda_ops, "L2_PREFETCH", prefetch)
-        state = SequenceState()
-        model.forward(tokens[:20], state)
-        logits[prefetch] = torch.cat([model.forward(tokens[i : i + 1], state)[1] for i in range(20, 24)])
-    assert torch.equal(logits[True], logits[False])

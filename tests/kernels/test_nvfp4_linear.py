@@ -144,7 +144,7 @@ y = torch.empty(1, 8, dtype=torch.bfloat16, device="cuda")
 cases = {  # 3 warps: no such kernel, the launcher refuses; then arguments ops.cpp checks
     "launch": lambda: cuda_ops.nvfp4_gemv_group(x, weight, (3, 2)),
     "x [M, K]": lambda: cuda_ops.nvfp4_gemv_group(x[0], weight, (8, 2)),
-    "each y bf16": lambda: torch.ops.ninfer.nvfp4_gemv(x, [q], [s8], [weight[0][2]], [y], 8, 2, False, True, 0, False, []),
+    "each y bf16": lambda: torch.ops.ninfer.nvfp4_gemv(x, [q], [s8], [weight[0][2]], [y], 8, 2, False, True, 0, False),
 }
 for name, call in cases.items():
     try:
@@ -288,7 +288,7 @@ def test_cuda_norm_gemv_refuses_what_it_cannot_stage():
     with pytest.raises(RuntimeError, match="one row"):
         cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, 1.0, tiled)
     ys = [torch.empty(1, 32, device=DEVICE, dtype=DTYPE)]
-    args = [[t for t, _, _ in tiled], [sc.view(torch.uint8) for _, sc, _ in tiled], [s2.reshape(1).float()], ys, 8, 2, True, []]
+    args = [[t for t, _, _ in tiled], [sc.view(torch.uint8) for _, sc, _ in tiled], [s2.reshape(1).float()], ys, 8, 2, True]
     with pytest.raises(RuntimeError, match="must not be x or residual"):
         cuda_ops._raise_refusal(torch.ops.ninfer.nvfp4_norm_gemv(x[:1], h[:1], w, x[:1], None, 1e-6, 1.0, *args))
     with pytest.raises(RuntimeError, match="weight bf16"):
@@ -324,61 +324,6 @@ def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x(pipeline):
         graph.replay()
         torch.cuda.synchronize()
         assert rounded_once(y, k.reference(normed[-1:], q, s8, s2)), seed
-
-
-def _prefetch_regions(weight: tuple) -> list[torch.Tensor]:
-    """A tiled weight's codes and scales as 6 regions of uneven lengths (multiples of 16 bytes): a launch's
-    prefetch of the next weight (csrc NinferPrefetch), cut so that blocks' shares straddle region ends."""
-    codes, scales = (t.view(torch.uint8).reshape(-1) for t in weight[:2])
-    cut = codes.numel() // 16 // 7 * 16
-    return [codes[:cut], codes[cut : 3 * cut], codes[3 * cut : 4 * cut + 16], codes[4 * cut + 16 :], scales[:48], scales[48:]]
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
-@pytest.mark.parametrize("pipeline", ["ring", "ring-staged-x", "bulk", "ring-block-columns"])
-@pytest.mark.parametrize("m", [1, 4, 12])
-def test_cuda_gemv_prefetch_changes_no_output(pipeline, m):
-    """A launch that asks L2 for the next weight's bytes as its blocks finish (every pipeline, grouped, and
-    the one-row launch that stages a norm) writes exactly what it writes without, and the prefetched
-    weight's own launch after it too."""
-    from ninfer_run.kernels import cuda_ops
-
-    if not cuda_ops.available():
-        pytest.skip("no sm_90 GPU or the extension did not build")
-    kk = 5120
-    weights = [(*cuda_ops.tile_nvfp4(q, s8), s2) for q, s8, s2 in (_weight(n, kk, n + m) for n in (6144, 1040))]
-    after = (*cuda_ops.tile_nvfp4(*_weight(5120, 6144, m)[:2]), weights[0][2])
-    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(m)).to(DEVICE, DTYPE)
-    x_after = torch.randn(m, 6144, generator=torch.Generator().manual_seed(m + 1)).to(DEVICE, DTYPE)
-    regions = _prefetch_regions(after)
-    outs = {}
-    for prefetch in ([], regions):
-        outs[len(prefetch)] = [*cuda_ops.nvfp4_gemv_group(x, weights, tiled=True, pipeline=pipeline, prefetch=prefetch),
-                               *cuda_ops.nvfp4_gemv_group(x_after, [after], tiled=True, pipeline=pipeline)]
-        if m == 1 and pipeline == "ring-block-columns":
-            norm = torch.rand(kk, device=DEVICE, dtype=DTYPE)
-            outs[len(prefetch)] += cuda_ops.nvfp4_norm_gemv_group(x, x.flip(1), norm, 1e-6, 1.0, weights,
-                                                                  prefetch=prefetch)[2]
-    torch.cuda.synchronize()
-    assert all(torch.equal(a, b) for a, b in zip(outs[0], outs[len(regions)], strict=True))
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
-def test_cuda_gemv_prefetch_refuses_what_it_cannot_ask():
-    """More than 6 regions, one off a 16-byte boundary or of an odd length, one in host memory: a
-    RuntimeError that says what a prefetch takes, nothing launched."""
-    from ninfer_run.kernels import cuda_ops
-
-    if not cuda_ops.available():
-        pytest.skip("no sm_90 GPU or the extension did not build")
-    q, s8, s2 = _weight(32, 512, 3)
-    tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2)]
-    x = torch.randn(1, 512, device=DEVICE).to(DTYPE)
-    codes = tiled[0][0].reshape(-1)
-    for bad in ([codes[:16]] * 7, [codes[8:24]], [codes[:24]], [codes[:16].cpu()]):
-        with pytest.raises(RuntimeError, match="prefetch: "):
-            cuda_ops.nvfp4_gemv_group(x, tiled, tiled=True, prefetch=bad)
-    assert cuda_ops.nvfp4_gemv_group(x, tiled, tiled=True, prefetch=[codes[:16]] * 6)[0].shape == (1, 32)
 
 
 def _odd_scales(s8: torch.Tensor, seed: int) -> torch.Tensor:

@@ -76,26 +76,6 @@ void check_aligned(const char* op, const at::Tensor& t) {
   require(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": operands must be 16-byte aligned");
 }
 
-// The regions a launch prefetches into L2 (NinferPrefetch): up to 6 contiguous tensors on x's device, each
-// 16-byte aligned and a multiple of 16 bytes (cp.async.bulk.prefetch's operands), under 2 GiB together
-// (the kernel's 32-bit arithmetic).
-NinferPrefetch prefetch_regions(const at::Tensor& x, at::TensorList prefetch) {
-  require(prefetch.size() <= 6, "prefetch: at most 6 tensors");
-  NinferPrefetch regions{};
-  int64_t total = 0;
-  for (const at::Tensor& t : prefetch) {
-    const int64_t bytes = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
-    total += bytes;
-    require(t.device() == x.device() && t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 &&
-                bytes % 16 == 0 && bytes > 0 && total < (int64_t{1} << 31),
-            "prefetch: contiguous tensors on x's device, 16-byte aligned, each a multiple of 16 bytes, under 2 GiB together");
-    regions.address[regions.count] = t.data_ptr();
-    regions.bytes[regions.count] = static_cast<unsigned int>(bytes);
-    ++regions.count;
-  }
-  return regions;
-}
-
 void check_launch(const char* op, int err, int64_t warps, int64_t depth) {
   require(err == 0, op, " launch failed (warps ", warps, ", depth ", depth, "): CUDA error ", err);
 }
@@ -103,7 +83,7 @@ void check_launch(const char* op, int err, int64_t warps, int64_t depth) {
 // tiled: q and scale in cuda_ops.tile_nvfp4's layout (the same bytes, each 16-row x 128-K tile contiguous)
 void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
                      int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu,
-                     at::TensorList prefetch, const NinferAddNorm* norm = nullptr) {
+                     const NinferAddNorm* norm = nullptr) {
   require(scale.size() == q.size() && s2.size() == q.size(), "nvfp4_gemv: as many scales as weights");
   std::vector<int> n;
   for (const at::Tensor& t : q) {
@@ -126,18 +106,17 @@ void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale
     s2p.push_back(s2[p].data_ptr<float>());
   }
   check_aligned("nvfp4_gemv", x);
-  const NinferPrefetch regions = prefetch_regions(x, prefetch);
   const c10::cuda::CUDAGuard guard(x.device());
   check_launch("nvfp4_gemv",
                ninfer_nvfp4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), s2p.data(),
                                       n.data(), yp.data(), M, K, warps, depth, tiled, pdl, static_cast<int>(pipeline), glu,
-                                      norm, &regions, c10::cuda::getCurrentCUDAStream()),
+                                      norm, c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
 void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
                     const c10::List<std::optional<at::Tensor>>& zero, at::TensorList y, int64_t warps, int64_t depth,
-                    bool tiled, bool pdl, int64_t pipeline, at::TensorList prefetch) {
+                    bool tiled, bool pdl, int64_t pipeline) {
   require(scale.size() == q.size() && zero.size() == q.size(), "int4_gemv: as many scales and zeros as weights");
   std::vector<int> n;
   const char* q_shape = tiled ? "q: i32 [N/16, K/128, 256] (tiled)" : "q: i32 [N, K/8]";
@@ -168,19 +147,17 @@ void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
     zp.push_back(z.has_value() ? z->data_ptr() : nullptr);
   }
   check_aligned("int4_gemv", x);
-  const NinferPrefetch regions = prefetch_regions(x, prefetch);
   const c10::cuda::CUDAGuard guard(x.device());
   check_launch("int4_gemv",
                ninfer_int4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), zp.data(),
                                      n.data(), yp.data(), M, K, warps, depth, tiled, pdl, static_cast<int>(pipeline),
-                                     &regions, c10::cuda::getCurrentCUDAStream()),
+                                     c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
 std::string nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
-                       int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu,
-                       at::TensorList prefetch) {
-  return guarded([&] { nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, tiled, pdl, pipeline, glu, prefetch); });
+                       int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu) {
+  return guarded([&] { nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, tiled, pdl, pipeline, glu); });
 }
 
 // One row x [1, K] (bf16) and what NinferAddNorm takes: residual and the outputs [1, K] bf16 as x, weight
@@ -204,20 +181,20 @@ void check_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual, 
 std::string nvfp4_norm_gemv(const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
                             const std::optional<at::Tensor>& sum_out, const std::optional<at::Tensor>& normed_out,
                             double eps, double offset, at::TensorList q, at::TensorList scale, at::TensorList s2,
-                            at::TensorList y, int64_t warps, int64_t depth, bool pdl, at::TensorList prefetch) {
+                            at::TensorList y, int64_t warps, int64_t depth, bool pdl) {
   return guarded([&] {
     check_norm(x, residual, weight, sum_out, normed_out);
     const auto pointer = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; };
     const NinferAddNorm norm{pointer(residual), weight.data_ptr(), pointer(sum_out), pointer(normed_out),
                              static_cast<float>(eps), static_cast<float>(offset)};
-    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false, prefetch, &norm);
+    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false, &norm);
   });
 }
 
 std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale,
                       const c10::List<std::optional<at::Tensor>>& zero, at::TensorList y, int64_t warps, int64_t depth,
-                      bool tiled, bool pdl, int64_t pipeline, at::TensorList prefetch) {
-  return guarded([&] { int4_gemv_body(x, q, scale, zero, y, warps, depth, tiled, pdl, pipeline, prefetch); });
+                      bool tiled, bool pdl, int64_t pipeline) {
+  return guarded([&] { int4_gemv_body(x, q, scale, zero, y, warps, depth, tiled, pdl, pipeline); });
 }
 
 }  // namespace
@@ -226,18 +203,17 @@ std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scal
 // as NinferAddNorm says (x + residual, its RMSNorm), the sum and the normed row written where given.
 // One launch for 1 to 3 weights that read the same x, each into its own y [M, N] -> "" or why not (guarded);
 // glu (NVFP4, tiled, the bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
-// pdl: launched as a programmatic dependent of the kernel before it; prefetch: what L2 fetches as the launch's
-// blocks finish (NinferPrefetch: the next launch's weights, at most 6 tensors); pipeline: how the NVFP4 GEMV streams
+// pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
 // its weights (quant_gemv_sm90.cu's Pipeline: 0 register ring, 1 ring with x staged in shared memory,
 // 2 bulk copies through shared memory; 1 for the tiled layouts only, 2 for tiled NVFP4 only).
 TORCH_LIBRARY(ninfer, m) {
   m.def("nvfp4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
-        "bool tiled, bool pdl, int pipeline, bool glu, Tensor[] prefetch) -> str");
+        "bool tiled, bool pdl, int pipeline, bool glu) -> str");
   m.def("nvfp4_norm_gemv(Tensor x, Tensor? residual, Tensor weight, Tensor(b!)? sum_out, Tensor(c!)? normed_out, "
         "float eps, float offset, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
-        "bool pdl, Tensor[] prefetch) -> str");
+        "bool pdl) -> str");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
-        "bool tiled, bool pdl, int pipeline, Tensor[] prefetch) -> str");
+        "bool tiled, bool pdl, int pipeline) -> str");
 }
 
 TORCH_LIBRARY_IMPL(ninfer, CUDA, m) {

@@ -45,8 +45,6 @@
 // Programmatic dependent launch: a block first lets the next kernel launch, loads its first kDepth
 // tiles of weights (which no kernel writes), and only then waits for the previous kernel to finish
 // (griddepcontrol.wait) before it reads x: the weight stream starts while the previous kernel drains.
-// L2 prefetch (NinferPrefetch): as a block finishes, it asks L2 for its share of the next launch's weights,
-// so DRAM stays busy through the grid's tail and the small kernels between two GEMVs.
 
 #include "quant_gemv_sm90.h"
 
@@ -445,7 +443,6 @@ struct Parts {
   int first_block[kMaxParts];  // ascending; INT_MAX for parts not used
   int strips;                   // the parts' 16-row strips, all told
   NinferAddNorm norm;           // weight nullptr: x staged as it is (ring-block-columns only)
-  NinferPrefetch prefetch;      // count 0: none
 };
 
 template <class Args>
@@ -671,29 +668,6 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
   if (warp == 0) write_rows<Codec, kHighTokens, kWarps, false>(partial, parts, strip, n0, M, lane);
 }
 
-// This block's share of the launch's prefetch (NinferPrefetch), asked by the one thread that calls it: the
-// regions' bytes end to end, cut into gridDim.x slices of a multiple of 16 bytes, each piece of a slice one
-// cp.async.bulk.prefetch.L2 (no registers held, no completion to wait for: the block may leave at once).
-__device__ __forceinline__ void prefetch_share(const NinferPrefetch& prefetch) {
-  if (prefetch.count == 0) return;
-  uint32_t total = 0;  // (under 2^31: ops.cpp)
-#pragma unroll
-  for (int r = 0; r < 6; ++r) total += r < prefetch.count ? prefetch.bytes[r] : 0u;
-  const uint32_t share = ((total + gridDim.x - 1) / gridDim.x + 15) & ~15u;
-  const uint32_t begin = blockIdx.x * share, end = begin + share;
-  uint32_t at = 0;  // region r's first byte, counted end to end
-#pragma unroll
-  for (int r = 0; r < 6; ++r) {
-    if (r < prefetch.count) {
-      const uint32_t lo = max(begin, at), hi = min(end, at + prefetch.bytes[r]);
-      if (lo < hi)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
-                     ::"l"(static_cast<const uint8_t*>(prefetch.address[r]) + (lo - at)), "r"(hi - lo) : "memory");
-      at += prefetch.bytes[r];
-    }
-  }
-}
-
 // One strip (16 rows) a block; Nvfp4Columns' grid is persistent instead (as many blocks as fit at once,
 // launch_ring): block b takes strips b, b + grid, ..., its x staged once.
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
@@ -706,7 +680,6 @@ __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, c
   } else {
     gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, blockIdx.x, true);
   }
-  if (threadIdx.x == 0) prefetch_share(parts.prefetch);  // (its strips are done: the next weights' turn)
 }
 
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
@@ -810,7 +783,6 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
           bulk_copy(slots + kStages * kCodes + at * 128, scales[p] + (size_t)j * kSplit * 128, n * 128, &full[slot]);
         }
       }
-      prefetch_share(parts.prefetch);  // (the block's last copies are asked: the next weights' turn)
     }
     return;
   }
@@ -1005,7 +977,6 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
   }
   parts.strips = blocks;
   parts.norm = NinferAddNorm{};
-  parts.prefetch = NinferPrefetch{};
   return blocks;
 }
 
@@ -1015,7 +986,7 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
                            int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
-                           const NinferPrefetch* prefetch, cudaStream_t stream) {
+                           cudaStream_t stream) {
   using ninfer_sm90::Nvfp4;
   if (count < 1 || count > ninfer_sm90::kMaxParts ||
       (glu && (count != 2 || n[0] != n[1] || !tiled || pipeline != ninfer_sm90::kBulk)) ||
@@ -1026,7 +997,6 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
   ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, glu ? 1 : count, n);
   if (norm != nullptr) parts.norm = *norm;
-  if (prefetch != nullptr) parts.prefetch = *prefetch;
   cudaError_t err;
   if (pipeline == ninfer_sm90::kBulk)
     err = !tiled ? cudaErrorInvalidValue
@@ -1043,7 +1013,7 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
 
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool tiled, bool pdl, int pipeline, const NinferPrefetch* prefetch, cudaStream_t stream) {
+                          bool tiled, bool pdl, int pipeline, cudaStream_t stream) {
   using ninfer_sm90::Int4;
   if (count < 1 || count > ninfer_sm90::kMaxParts || pipeline == ninfer_sm90::kBulk ||
       pipeline == ninfer_sm90::kRingBlockColumns ||
@@ -1054,7 +1024,6 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
     args[p] = {static_cast<const __nv_bfloat16*>(scale[p]), static_cast<const int32_t*>(zero[p])};
   ninfer_sm90::Parts<Int4::Args> parts;
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, count, n);
-  if (prefetch != nullptr) parts.prefetch = *prefetch;
   return static_cast<int>(
       tiled ? ninfer_sm90::dispatch_ring<ninfer_sm90::Int4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream)
             : ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream));

@@ -22,26 +22,15 @@ struct NinferAddNorm {
   float eps, offset;
 };
 
-// The weights a GEMV launch has L2 fetch as its blocks finish: the next launch's first bytes (kernels/linear.py
-// link_prefetches), so the memory keeps streaming through the GEMV's tail and the small kernels before the
-// next GEMV, which then finds them in L2. Up to 6 regions (3 weights' codes and scales), each a multiple of 16
-// bytes at a 16-byte aligned address; count 0: none. A hint: nothing waits for it, and results never depend on it.
-struct NinferPrefetch {
-  const void* address[6];
-  unsigned int bytes[6];
-  int count;
-};
-
 // `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the launch's CUDA error code
 // (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a pipeline the layout has
 // not: staged x is the tiled layouts', bulk copies the tiled NVFP4 layout's). glu (the bulk pipeline): two
 // weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N]. norm (nullptr: none): see
-// NinferAddNorm; tiled NVFP4, M = 1, the ring-block-columns pipeline only. prefetch (nullptr: none): see
-// NinferPrefetch; the ring pipelines (not bulk).
+// NinferAddNorm; tiled NVFP4, M = 1, the ring-block-columns pipeline only.
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
                            int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
-                           const NinferPrefetch* prefetch, cudaStream_t stream);
+                           cudaStream_t stream);
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool tiled, bool pdl, int pipeline, const NinferPrefetch* prefetch, cudaStream_t stream);
+                          bool tiled, bool pdl, int pipeline, cudaStream_t stream);
