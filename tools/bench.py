@@ -366,10 +366,10 @@ def table(r: dict) -> str:
 
 
 def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> None:
-    """Decode rows into p["decode"]: C = 1 for every profile; for the first also every concurrency,
-    a long context, MTP (real and forced acceptance) and the decode profiles (device time)."""
+    """Decode rows into p["decode"]: every concurrency for every profile; for the first also a long
+    context, MTP (real and forced acceptance) and the decode profiles (device time)."""
     decode(model, 1, 4, 128)  # warm-up
-    for c in args.concurrency if first else [1]:
+    for c in args.concurrency:
         row = decode(model, c, args.new_tokens, 512)
         p["decode"].append(row)
         save()
