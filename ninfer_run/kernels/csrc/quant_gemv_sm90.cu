@@ -324,7 +324,7 @@ struct Nvfp4Columns : Nvfp4Tiled {
   }
 };
 
-// Nvfp4Columns whose staging normalizes x first (Parts::norm, stage_add_norm): its own kernel, so the plain
+// Nvfp4Columns whose staging normalizes x first (gemv_norm, stage_add_norm): its own kernel, so the plain
 // one's loop keeps its schedule (with the norm's code beside it, ptxas schedules the loop differently).
 struct Nvfp4ColumnsNorm : Nvfp4Columns {
   static constexpr bool kNormsX = true;
@@ -442,7 +442,6 @@ struct Parts {
   int rows[kMaxParts];
   int first_block[kMaxParts];  // ascending; INT_MAX for parts not used
   int strips;                   // the parts' 16-row strips, all told
-  NinferAddNorm norm;           // weight nullptr: x staged as it is (ring-block-columns only)
 };
 
 template <class Args>
@@ -571,7 +570,7 @@ __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat1
 // each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
 __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
-                                           int M, int K, int strip, bool first_strip) {
+                                           int M, int K, int strip, bool first_strip, const NinferAddNorm& norm) {
   extern __shared__ uint4 x_staged[];  // kStagedX: M * K bf16
   using RowAux = typename Codec::RowAux;
   const int part = part_of(parts, strip);
@@ -605,7 +604,7 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
     const uint4* rows = reinterpret_cast<const uint4*>(x);
     if constexpr (Codec::kBlockColumns) {  // x * 2^100, then 64 zero bytes
       if constexpr (Codec::kNormsX) {
-        stage_add_norm<kWarps>(x_staged, x, parts.norm, K);
+        stage_add_norm<kWarps>(x_staged, x, norm, K);
       } else {
         for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32)
           x_staged[i] = i < K / 8 ? times_2_to_100(__ldg(rows + i)) : make_uint4(0, 0, 0, 0);
@@ -670,15 +669,16 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
 
 // One strip (16 rows) a block; Nvfp4Columns' grid is persistent instead (as many blocks as fit at once,
 // launch_ring): block b takes strips b, b + grid, ..., its x staged once.
+// norm: what Nvfp4ColumnsNorm stages (the other codecs ignore it).
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
 __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
-                                          int M, int K) {
+                                          int M, int K, const NinferAddNorm& norm = {}) {
   asm volatile("griddepcontrol.launch_dependents;");
   if constexpr (Codec::kBlockColumns) {
     for (int strip = blockIdx.x; strip < parts.strips; strip += gridDim.x)
-      gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, strip, strip == blockIdx.x);
+      gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, strip, strip == blockIdx.x, norm);
   } else {
-    gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, blockIdx.x, true);
+    gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, blockIdx.x, true, norm);
   }
 }
 
@@ -695,6 +695,16 @@ template <class Codec, int kWarps, int kDepth, bool kTiled, bool kStagedX>
 __global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_capped(const __nv_bfloat16* __restrict__ x,
                                                       const Parts<typename Codec::Args> parts, int M, int K) {
   gemv_body<Codec, false, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K);
+}
+
+// Nvfp4ColumnsNorm's entry (gemv_capped's bounds): the norm a parameter of this kernel alone. (As a member of
+// Parts it moved every kernel's M and K, and ptxas scheduled the plain block-columns loop differently: 20.8
+// against 18.8 us a launch in the engine on the H200, 7% of C = 1, stop 23.)
+template <int kWarps, int kDepth>
+__global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_norm(const __nv_bfloat16* __restrict__ x,
+                                                      const Parts<Nvfp4::Args> parts, int M, int K,
+                                                      const NinferAddNorm norm) {
+  gemv_body<Nvfp4ColumnsNorm, false, kWarps, kDepth, true, true>(x, parts, M, K, norm);
 }
 
 // The bulk-copy pipeline (tiled NVFP4). In the kernel above a warp's next loads wait for its arithmetic
@@ -862,10 +872,14 @@ constexpr auto low_rows_kernel() {
 }
 
 // A one-row block-columns launch: as many blocks as fit at once (gemv_body walks the strips), x_bytes staged.
+// norm: Nvfp4ColumnsNorm's (the other codec takes none).
 template <class Codec, int kWarps, int kDepth>
 cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<typename Codec::Args>& parts, int blocks, int K,
-                              int x_bytes, bool pdl, cudaStream_t stream) {
-  auto* kernel = low_rows_kernel<Codec, kWarps, kDepth, true, true>();
+                              int x_bytes, bool pdl, cudaStream_t stream, const NinferAddNorm* norm = nullptr) {
+  auto* kernel = [] {
+    if constexpr (Codec::kNormsX) return gemv_norm<kWarps, kDepth>;
+    else return low_rows_kernel<Codec, kWarps, kDepth, true, true>();
+  }();
   // Its static shared memory (the partial sums; Nvfp4ColumnsNorm's warp sums too) and blocks a SM, asked
   // once a kernel (not on every decode launch) with the most x a launch stages: a bound every launch meets
   // (its registers, not its x, set it: 4 blocks of 8 warps). (Asked with more shared memory than a block
@@ -884,12 +898,13 @@ cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<typename Codec
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   Launch l(std::min(blocks, per_sm * sms), kWarps * 32, x_bytes, pdl, stream);
-  return cudaLaunchKernelEx(&l.config, kernel, x, parts, 1, K);
+  if constexpr (Codec::kNormsX) return cudaLaunchKernelEx(&l.config, kernel, x, parts, 1, K, *norm);
+  else return cudaLaunchKernelEx(&l.config, kernel, x, parts, 1, K);
 }
 
 template <class Codec, int kWarps, int kDepth, bool kTiled>
 cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
-                        int pipeline, cudaStream_t stream) {
+                        int pipeline, const NinferAddNorm* norm, cudaStream_t stream) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   // x and the kernel's static partial sums within the 48 KB a block gets without an opt-in (o_proj's
   // K = 6144 at M = 4 is exactly 48 KB of x: that launch failed until the partials were counted)
@@ -897,12 +912,12 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
   if constexpr (kTiled && std::is_same_v<Codec, Nvfp4Tiled>) {
     const int x_bytes = K * 2 + 64;  // x and the zeros Nvfp4Columns' idle lanes read
     if (pipeline == kRingBlockColumns && M == 1 && x_bytes + kPartialBytes <= kDefaultSharedBytes) {
-      return parts.norm.weight != nullptr
-                 ? launch_persistent<Nvfp4ColumnsNorm, kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream)
+      return norm != nullptr
+                 ? launch_persistent<Nvfp4ColumnsNorm, kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream, norm)
                  : launch_persistent<Nvfp4Columns, kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream);
     }
   }
-  if (parts.norm.weight != nullptr) return cudaErrorInvalidValue;  // only Nvfp4Columns stages a norm
+  if (norm != nullptr) return cudaErrorInvalidValue;  // only Nvfp4Columns stages a norm
   if constexpr (kTiled) {
     const bool staged = pipeline == kRingStagedX || pipeline == kRingBlockColumns;
     if (staged && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
@@ -945,17 +960,18 @@ cudaError_t dispatch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int bl
   }
 }
 
-// The ring's (warps, depth) in {4, 8, 16} x {2, 4}; every part's N % 16 == 0, blocks = their sum / 16.
+// The ring's (warps, depth) in {4, 8, 16} x {2, 4}; every part's N % 16 == 0, blocks = their sum / 16. norm
+// (nullptr: none): the one-row block-columns launch's (NinferAddNorm).
 template <class Codec, bool kTiled>
 cudaError_t dispatch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K,
-                          int warps, int depth, bool pdl, int pipeline, cudaStream_t stream) {
+                          int warps, int depth, bool pdl, int pipeline, const NinferAddNorm* norm, cudaStream_t stream) {
   switch (warps * 10 + depth) {
-    case 42: return launch_ring<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
-    case 44: return launch_ring<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
-    case 82: return launch_ring<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
-    case 84: return launch_ring<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
-    case 162: return launch_ring<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
-    case 164: return launch_ring<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stream);
+    case 42: return launch_ring<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
+    case 44: return launch_ring<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
+    case 82: return launch_ring<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
+    case 84: return launch_ring<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
+    case 162: return launch_ring<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
+    case 164: return launch_ring<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -976,7 +992,6 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
     blocks += used ? n[p] / 16 : 0;
   }
   parts.strips = blocks;
-  parts.norm = NinferAddNorm{};
   return blocks;
 }
 
@@ -996,7 +1011,6 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
   for (int p = 0; p < count; ++p) args[p] = {static_cast<const uint8_t*>(scale[p]), s2[p]};
   ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, glu ? 1 : count, n);
-  if (norm != nullptr) parts.norm = *norm;
   cudaError_t err;
   if (pipeline == ninfer_sm90::kBulk)
     err = !tiled ? cudaErrorInvalidValue
@@ -1004,10 +1018,10 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
                 : ninfer_sm90::dispatch_bulk<false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
   else if (tiled)
     err = ninfer_sm90::dispatch_ring<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
-                                                                     stream);
+                                                                     norm, stream);
   else
     err = pipeline != ninfer_sm90::kRing ? cudaErrorInvalidValue
-          : ninfer_sm90::dispatch_ring<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream);
+          : ninfer_sm90::dispatch_ring<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, nullptr, stream);
   return static_cast<int>(err);
 }
 
@@ -1025,6 +1039,7 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
   ninfer_sm90::Parts<Int4::Args> parts;
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, count, n);
   return static_cast<int>(
-      tiled ? ninfer_sm90::dispatch_ring<ninfer_sm90::Int4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream)
-            : ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, stream));
+      tiled ? ninfer_sm90::dispatch_ring<ninfer_sm90::Int4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
+                                                                       nullptr, stream)
+            : ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, nullptr, stream));
 }
