@@ -55,6 +55,17 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return gated_rms_norm_reference(x, gate, weight, eps)
 
 
+def gated_rms_norm_linear(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, linear_weight) -> torch.Tensor:
+    """linear(gated_rms_norm(x, gate, weight, eps) as rows [T, heads * head_dim], linear_weight): one launch where
+    the one-row NVFP4 GEMV stages the norm itself (kernels/linear.py apply_after_gated_norm), else the norm
+    kernel, then the projection."""
+    launch = None if isinstance(linear_weight, torch.Tensor) else getattr(linear_weight, "apply_after_gated_norm", None)
+    fused = launch(x, gate, weight, eps) if launch is not None else None
+    if fused is not None:
+        return fused
+    return linear(gated_rms_norm(x, gate, weight, eps).reshape(x.shape[0], -1), linear_weight)
+
+
 def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Plain-weight RMSNorm of x, times silu(gate) (computed in float32)."""
     x32 = x.float()

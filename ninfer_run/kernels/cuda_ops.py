@@ -8,7 +8,8 @@ callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off
   nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16) -> bf16: csrc/quant_gemv_sm90.cu; reads
                the row-major codes or (the engine's) tile_nvfp4's layout; its reference is
                nvfp4_linear.reference. nvfp4_gemv_group: up to 3 weights of one x in one launch;
-               nvfp4_norm_gemv_group: the same for one row that the launch first adds and RMS-normalizes.
+               nvfp4_norm_gemv_group: the same for one row that the launch first adds and RMS-normalizes;
+               nvfp4_gated_norm_gemv: one weight after the Gated DeltaNet output norm, staged by the launch.
   int4_gemv    the same for int4 group-128 weights (symmetric or with zero points), row-major or (the
                engine's) tile_int4's layout; its reference is int_linear.reference. int4_gemv_group likewise.
 Both launch as programmatic dependents (PDL; NINFER_PDL=0 turns it off): each block streams its first
@@ -269,6 +270,36 @@ def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_w
         s if residual is not None else None, y, float(eps), float(offset), *_nvfp4_operands(weights, x.device), ys,
         *shape, pdl))
     return s, y, ys
+
+
+def gated_norm_gemv_fits(x: torch.Tensor, weight: tuple, norm_weight: torch.Tensor) -> bool:
+    """Whether nvfp4_gated_norm_gemv takes this: FUSED_NORM, one bf16 row of K % 128 == 0 whose heads are the
+    norm weight's length (a power of 2 from 8 to 256, bf16), a tiled NVFP4 weight in the ring-block-columns
+    pipeline, x (and the zeros after it) and the partial sums within the 48 KB a block gets."""
+    m, k = x.shape
+    n, d = weight[0].shape[0] * 16, norm_weight.numel()
+    if not (FUSED_NORM and m == 1 and norm_weight.dtype == torch.bfloat16 and 8 <= d <= 256 and d & (d - 1) == 0
+            and k % d == 0 and pipeline_for() == "ring-block-columns" and gemv_fits(x, n)):
+        return False
+    warps, _ = gemv_shape(n, k, x.device)
+    return 2 * k + 64 + 512 * warps <= 48 * 1024
+
+
+def nvfp4_gated_norm_gemv(x: torch.Tensor, gate: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: tuple,
+                          normed: bool = False, shape: tuple[int, int] | None = None,
+                          pdl: bool = PDL) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """One row x [1, K] of heads of norm_weight's length and its gate [1, K] -> (the row y =
+    layers.gated_rms_norm(x, gate, norm_weight, eps) if `normed` else None, y @ W^T) in one ring-block-columns
+    launch of a tiled NVFP4 weight (qweight, block_scale, global_scale): each block stages y itself, as the
+    reference rounds it (to float32 rounding: its sums of squares may associate differently)."""
+    n, k = weight[0].shape[0] * 16, x.shape[1]
+    (out,) = _outputs(x, [n])
+    y = torch.empty_like(x) if normed else None
+    shape = shape or gemv_shape(n, k, x.device)
+    _raise_refusal(torch.ops.ninfer.nvfp4_gated_norm_gemv(
+        x.contiguous(), gate.contiguous(), norm_weight.contiguous(), y, float(eps), norm_weight.numel(),
+        *_nvfp4_operands([weight], x.device), [out], *shape, pdl))
+    return y, out
 
 
 def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int] | None = None) -> torch.Tensor:

@@ -107,6 +107,19 @@ class QuantizedLinear:
         return (s.view(x.shape), y.view(x.shape) if y is not None else None,
                 [out.reshape(*x.shape[:-1], w.shape[0]) for out, w in zip(ys, weights)])
 
+    def apply_after_gated_norm(self, x: torch.Tensor, gate: torch.Tensor, norm_weight: torch.Tensor,
+                               eps: float) -> torch.Tensor | None:
+        """layers.gated_rms_norm_linear as one launch: x and gate [1, heads, head_dim] -> [1, N], where the
+        one-row NVFP4 GEMV stages the norm itself (cuda_ops.gated_norm_gemv_fits), else None."""
+        k = self.shape[1]
+        if (not x.is_cuda or x.numel() != k or gate.shape != x.shape or x.dtype != torch.bfloat16
+                or gate.dtype != x.dtype or self._cuda_gemv(x.reshape(1, k)) != "nvfp4"):
+            return None
+        x2, parts = x.reshape(1, k), self._nvfp4_parts()
+        if not cuda_ops.gated_norm_gemv_fits(x2, parts, norm_weight):
+            return None
+        return cuda_ops.nvfp4_gated_norm_gemv(x2, gate.reshape(1, k), norm_weight, eps, parts)[1]
+
     def _nvfp4_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qweight, block_scale, global_scale), as cuda_ops' NVFP4 GEMVs take a weight."""
         return self.parts["qweight"], self.parts["block_scale"], self.parts["global_scale"]

@@ -273,6 +273,60 @@ def test_cuda_norm_gemv_stages_the_layers_add_and_norm(offset, residual):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+@pytest.mark.parametrize("head_dim", [128, 32, 256])
+def test_cuda_gated_norm_gemv_stages_the_gdn_output_norm(head_dim):
+    """nvfp4_gated_norm_gemv (one row, ring-block-columns): the staged row within one bf16 rounding of
+    layers.gated_rms_norm_reference over heads of head_dim (one lane group a head: 4 to 32 lanes), and each
+    output the float32 product of that very row rounded once, so every block staged the row block 0 wrote;
+    out_proj's shape (5120 x 6144: more strips than resident blocks) and a small one, every (warps, depth)."""
+    from ninfer_run import layers
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    kk = 6144
+    g = torch.Generator().manual_seed(head_dim)
+    x = (torch.randn(1, kk, generator=g) * 3).to(DEVICE, DTYPE)
+    gate = (torch.randn(1, kk, generator=g) * 2).to(DEVICE, DTYPE)
+    w = (torch.randn(head_dim, generator=g) * 0.1 + 1).to(DEVICE, DTYPE)
+    heads = (1, kk // head_dim, head_dim)
+    want_normed = layers.gated_rms_norm_reference(x.view(heads), gate.view(heads), w, 1e-6).view(1, kk)
+    for n in (5120, 48):
+        weight = _weight(n, kk, n + head_dim)
+        tiled = (*cuda_ops.tile_nvfp4(*weight[:2]), weight[2])
+        for shape in sorted(cuda_ops.GEMV_SHAPES):
+            normed, out = cuda_ops.nvfp4_gated_norm_gemv(x, gate, w, 1e-6, tiled, normed=True, shape=shape)
+            assert _within_one_rounding(normed, want_normed), (n, shape)
+            assert rounded_once(out, k.reference(normed, *weight)), (n, shape)
+            none, again = cuda_ops.nvfp4_gated_norm_gemv(x, gate, w, 1e-6, tiled, shape=shape)
+            assert none is None and torch.equal(again, out), (n, shape)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+def test_cuda_gated_norm_gemv_refuses_what_it_cannot_stage():
+    """Heads that are not a power of 2 long or do not divide the row, more than one row, a normed row written
+    over x: a RuntimeError that says why, nothing launched."""
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    q, s8, s2 = _weight(32, 640, 5)
+    tiled = (*cuda_ops.tile_nvfp4(q, s8), s2)
+    x, gate = (torch.randn(2, 640, device=DEVICE).to(DTYPE) for _ in range(2))
+    for head_dim in (96, 256):
+        with pytest.raises(RuntimeError, match="head_dim a power of 2"):
+            cuda_ops.nvfp4_gated_norm_gemv(x[:1], gate[:1], torch.ones(head_dim, device=DEVICE, dtype=DTYPE), 1e-6, tiled)
+    w = torch.ones(128, device=DEVICE, dtype=DTYPE)
+    with pytest.raises(RuntimeError, match="one row"):
+        cuda_ops.nvfp4_gated_norm_gemv(x, gate, w, 1e-6, tiled)
+    ys = [torch.empty(1, 32, device=DEVICE, dtype=DTYPE)]
+    with pytest.raises(RuntimeError, match="not x or the gate"):
+        cuda_ops._raise_refusal(torch.ops.ninfer.nvfp4_gated_norm_gemv(
+            x[:1], gate[:1], w, x[:1], 1e-6, 128, [tiled[0]], [tiled[1].view(torch.uint8)], [s2.reshape(1).float()], ys,
+            8, 2, True))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 def test_cuda_norm_gemv_refuses_what_it_cannot_stage():
     """More than one row, a sum written over x, or a norm weight of another length: a RuntimeError that says
     why, nothing launched."""

@@ -182,7 +182,6 @@ __device__ __forceinline__ void tile_mmas(float (&acc)[2][2][4], const uint4 (&x
 struct Nvfp4 {
   static constexpr bool kCapRegisters = false;  // (see Int4Tiled)
   static constexpr bool kBlockColumns = false;  // (see Nvfp4Columns)
-  static constexpr bool kNormsX = false;        // (see Nvfp4ColumnsNorm)
   __device__ static void finish(float (&)[2][2][4]) {}
   struct Args {
     const uint8_t* scale;
@@ -324,12 +323,6 @@ struct Nvfp4Columns : Nvfp4Tiled {
   }
 };
 
-// Nvfp4Columns whose staging normalizes x first (gemv_norm, stage_add_norm): its own kernel, so the plain
-// one's loop keeps its schedule (with the norm's code beside it, ptxas schedules the loop differently).
-struct Nvfp4ColumnsNorm : Nvfp4Columns {
-  static constexpr bool kNormsX = true;
-};
-
 // Nibble pair (i, i + 4) of word w as bf16 halves 128 + nibble. I is 0..3.
 template <int I>
 __device__ __forceinline__ uint32_t int4_pair(uint32_t w) {
@@ -348,7 +341,6 @@ __device__ __forceinline__ uint32_t biased_zero_pair(uint32_t v) { return (0x430
 struct Int4 {
   static constexpr bool kCapRegisters = false;  // (capped, the row-major parts spill)
   static constexpr bool kBlockColumns = false;
-  static constexpr bool kNormsX = false;
   __device__ static void finish(float (&)[2][2][4]) {}
   struct Args {
     const __nv_bfloat16* scale;  // tiled: the records (tile_int4), as bytes
@@ -565,12 +557,60 @@ __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat1
   if (threadIdx.x < 4) staged[K / 8 + threadIdx.x] = make_uint4(0, 0, 0, 0);  // the 64 zero bytes after x
 }
 
+// Nvfp4Columns' staging of the GDN output norm (NinferGatedNorm): each head's head_dim values of x
+// RMS-normalized, rounded, times the weight (rounded: both bf16), times SiLU(gate) in float32, rounded
+// once (layers.gated_rms_norm_reference), staged times 2^100. A head's head_dim / 8 uint4 are one aligned
+// lane group (a power of 2 up to a warp), whose sum of squares shuffles within the group; every lane
+// takes part in the shuffles (a row's end leaves whole groups idle, never part of one).
+template <int kWarps>
+__device__ __forceinline__ void stage_gated_norm(uint4* staged, const __nv_bfloat16* __restrict__ x,
+                                                 const NinferGatedNorm& norm, int K) {
+  const uint4* rows = reinterpret_cast<const uint4*>(x);
+  const uint4* gate = static_cast<const uint4*>(norm.gate);
+  const uint4* weight = static_cast<const uint4*>(norm.weight);
+  const int lanes = norm.head_dim / 8;
+  const bool writer = blockIdx.x == 0;
+  for (int first = 0; first < K / 8; first += kWarps * 32) {
+    const int i = first + threadIdx.x;
+    const bool in_row = i < K / 8;
+    const uint4 v = in_row ? __ldg(rows + i) : make_uint4(0, 0, 0, 0);
+    float squares = 0.f;
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (uint32_t word : words) {
+      const float2 f = bf16x2_float(word);
+      squares += f.x * f.x + f.y * f.y;
+    }
+#pragma unroll
+    for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) {
+      const float other = __shfl_xor_sync(0xFFFFFFFFu, squares, lane_mask);
+      if (lane_mask < lanes) squares += other;
+    }
+    if (!in_row) continue;
+    const float rstd = rsqrtf(squares / norm.head_dim + norm.eps);
+    const uint4 weighted = each_word(v, __ldg(weight + i % lanes), [rstd](uint32_t a, uint32_t w) {
+      const float2 normed = bf16x2_float(float2_bf16x2(__fmul_rn(bf16x2_float(a).x, rstd), __fmul_rn(bf16x2_float(a).y, rstd)));
+      const float2 fw = bf16x2_float(w);
+      return float2_bf16x2(__fmul_rn(fw.x, normed.x), __fmul_rn(fw.y, normed.y));
+    });
+    const uint4 y = each_word(weighted, __ldg(gate + i), [](uint32_t a, uint32_t g) {
+      const float2 fa = bf16x2_float(a), fg = bf16x2_float(g);
+      return float2_bf16x2(__fmul_rn(fa.x, fg.x / (1.f + expf(-fg.x))), __fmul_rn(fa.y, fg.y / (1.f + expf(-fg.y))));
+    });
+    if (writer && norm.normed_out != nullptr) static_cast<uint4*>(norm.normed_out)[i] = y;
+    staged[i] = times_2_to_100(y);
+  }
+  if (threadIdx.x < 4) staged[K / 8 + threadIdx.x] = make_uint4(0, 0, 0, 0);  // the 64 zero bytes after x
+}
+
+struct PlainX {};  // a launch that stages x as it is (the other stagings: NinferAddNorm, NinferGatedNorm)
+
 // Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (ring-staged-x, the
 // engine's pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
 // each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
-template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, class Stage>
 __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
-                                           int M, int K, int strip, bool first_strip, const NinferAddNorm& norm) {
+                                           int M, int K, int strip, bool first_strip, const Stage& stage) {
   extern __shared__ uint4 x_staged[];  // kStagedX: M * K bf16
   using RowAux = typename Codec::RowAux;
   const int part = part_of(parts, strip);
@@ -603,8 +643,10 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
   if (kStagedX && first_strip) {
     const uint4* rows = reinterpret_cast<const uint4*>(x);
     if constexpr (Codec::kBlockColumns) {  // x * 2^100, then 64 zero bytes
-      if constexpr (Codec::kNormsX) {
-        stage_add_norm<kWarps>(x_staged, x, norm, K);
+      if constexpr (std::is_same_v<Stage, NinferAddNorm>) {
+        stage_add_norm<kWarps>(x_staged, x, stage, K);
+      } else if constexpr (std::is_same_v<Stage, NinferGatedNorm>) {
+        stage_gated_norm<kWarps>(x_staged, x, stage, K);
       } else {
         for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32)
           x_staged[i] = i < K / 8 ? times_2_to_100(__ldg(rows + i)) : make_uint4(0, 0, 0, 0);
@@ -669,16 +711,16 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
 
 // One strip (16 rows) a block; Nvfp4Columns' grid is persistent instead (as many blocks as fit at once,
 // launch_ring): block b takes strips b, b + grid, ..., its x staged once.
-// norm: what Nvfp4ColumnsNorm stages (the other codecs ignore it).
-template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX>
+// stage: how Nvfp4Columns stages x (PlainX, NinferAddNorm, NinferGatedNorm; the other codecs take PlainX).
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, class Stage = PlainX>
 __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
-                                          int M, int K, const NinferAddNorm& norm = {}) {
+                                          int M, int K, const Stage& stage = {}) {
   asm volatile("griddepcontrol.launch_dependents;");
   if constexpr (Codec::kBlockColumns) {
     for (int strip = blockIdx.x; strip < parts.strips; strip += gridDim.x)
-      gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, strip, strip == blockIdx.x, norm);
+      gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, strip, strip == blockIdx.x, stage);
   } else {
-    gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, blockIdx.x, true, norm);
+    gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, blockIdx.x, true, stage);
   }
 }
 
@@ -697,14 +739,14 @@ __global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_capped
   gemv_body<Codec, false, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K);
 }
 
-// Nvfp4ColumnsNorm's entry (gemv_capped's bounds): the norm a parameter of this kernel alone. (As a member of
-// Parts it moved every kernel's M and K, and ptxas scheduled the plain block-columns loop differently: 20.8
-// against 18.8 us a launch in the engine on the H200, 7% of C = 1, stop 23.)
-template <int kWarps, int kDepth>
-__global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_norm(const __nv_bfloat16* __restrict__ x,
-                                                      const Parts<Nvfp4::Args> parts, int M, int K,
-                                                      const NinferAddNorm norm) {
-  gemv_body<Nvfp4ColumnsNorm, false, kWarps, kDepth, true, true>(x, parts, M, K, norm);
+// Nvfp4Columns with x staged through a norm (Stage: NinferAddNorm or NinferGatedNorm), gemv_capped's bounds:
+// the norm a parameter of this kernel alone, and each staging its own kernel, so the plain one's loop keeps
+// its schedule. (As a member of Parts the norm moved every kernel's M and K, and ptxas scheduled the plain
+// block-columns loop differently: 20.8 against 18.8 us a launch in the engine on the H200, 7% of C = 1, stop 23.)
+template <class Stage, int kWarps, int kDepth>
+__global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_staged(const __nv_bfloat16* __restrict__ x,
+                                                      const Parts<Nvfp4::Args> parts, int M, int K, const Stage stage) {
+  gemv_body<Nvfp4Columns, false, kWarps, kDepth, true, true, Stage>(x, parts, M, K, stage);
 }
 
 // The bulk-copy pipeline (tiled NVFP4). In the kernel above a warp's next loads wait for its arithmetic
@@ -872,15 +914,16 @@ constexpr auto low_rows_kernel() {
 }
 
 // A one-row block-columns launch: as many blocks as fit at once (gemv_body walks the strips), x_bytes staged.
-// norm: Nvfp4ColumnsNorm's (the other codec takes none).
-template <class Codec, int kWarps, int kDepth>
-cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<typename Codec::Args>& parts, int blocks, int K,
-                              int x_bytes, bool pdl, cudaStream_t stream, const NinferAddNorm* norm = nullptr) {
+// stage: how x is staged (PlainX, NinferAddNorm, NinferGatedNorm: gemv_staged).
+template <int kWarps, int kDepth, class Stage = PlainX>
+cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<Nvfp4::Args>& parts, int blocks, int K,
+                              int x_bytes, bool pdl, cudaStream_t stream, const Stage& stage = {}) {
+  constexpr bool kPlain = std::is_same_v<Stage, PlainX>;
   auto* kernel = [] {
-    if constexpr (Codec::kNormsX) return gemv_norm<kWarps, kDepth>;
-    else return low_rows_kernel<Codec, kWarps, kDepth, true, true>();
+    if constexpr (kPlain) return low_rows_kernel<Nvfp4Columns, kWarps, kDepth, true, true>();
+    else return gemv_staged<Stage, kWarps, kDepth>;
   }();
-  // Its static shared memory (the partial sums; Nvfp4ColumnsNorm's warp sums too) and blocks a SM, asked
+  // Its static shared memory (the partial sums; stage_add_norm's warp sums too) and blocks a SM, asked
   // once a kernel (not on every decode launch) with the most x a launch stages: a bound every launch meets
   // (its registers, not its x, set it: 4 blocks of 8 warps). (Asked with more shared memory than a block
   // gets, the occupancy API answers 0: the fused norm's 32 B of warp sums made it 1 block a SM, 3x slower.)
@@ -898,13 +941,19 @@ cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<typename Codec
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   Launch l(std::min(blocks, per_sm * sms), kWarps * 32, x_bytes, pdl, stream);
-  if constexpr (Codec::kNormsX) return cudaLaunchKernelEx(&l.config, kernel, x, parts, 1, K, *norm);
-  else return cudaLaunchKernelEx(&l.config, kernel, x, parts, 1, K);
+  if constexpr (kPlain) return cudaLaunchKernelEx(&l.config, kernel, x, parts, 1, K);
+  else return cudaLaunchKernelEx(&l.config, kernel, x, parts, 1, K, stage);
 }
+
+// What a one-row block-columns launch stages in place of x (at most one; both nullptr: x itself).
+struct XStage {
+  const NinferAddNorm* add_norm;
+  const NinferGatedNorm* gated_norm;
+};
 
 template <class Codec, int kWarps, int kDepth, bool kTiled>
 cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
-                        int pipeline, const NinferAddNorm* norm, cudaStream_t stream) {
+                        int pipeline, const XStage& stage, cudaStream_t stream) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   // x and the kernel's static partial sums within the 48 KB a block gets without an opt-in (o_proj's
   // K = 6144 at M = 4 is exactly 48 KB of x: that launch failed until the partials were counted)
@@ -912,12 +961,14 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
   if constexpr (kTiled && std::is_same_v<Codec, Nvfp4Tiled>) {
     const int x_bytes = K * 2 + 64;  // x and the zeros Nvfp4Columns' idle lanes read
     if (pipeline == kRingBlockColumns && M == 1 && x_bytes + kPartialBytes <= kDefaultSharedBytes) {
-      return norm != nullptr
-                 ? launch_persistent<Nvfp4ColumnsNorm, kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream, norm)
-                 : launch_persistent<Nvfp4Columns, kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream);
+      if (stage.add_norm != nullptr)
+        return launch_persistent<kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream, *stage.add_norm);
+      if (stage.gated_norm != nullptr)
+        return launch_persistent<kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream, *stage.gated_norm);
+      return launch_persistent<kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream);
     }
   }
-  if (norm != nullptr) return cudaErrorInvalidValue;  // only Nvfp4Columns stages a norm
+  if (stage.add_norm != nullptr || stage.gated_norm != nullptr) return cudaErrorInvalidValue;  // Nvfp4Columns' only
   if constexpr (kTiled) {
     const bool staged = pipeline == kRingStagedX || pipeline == kRingBlockColumns;
     if (staged && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
@@ -960,18 +1011,18 @@ cudaError_t dispatch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int bl
   }
 }
 
-// The ring's (warps, depth) in {4, 8, 16} x {2, 4}; every part's N % 16 == 0, blocks = their sum / 16. norm
-// (nullptr: none): the one-row block-columns launch's (NinferAddNorm).
+// The ring's (warps, depth) in {4, 8, 16} x {2, 4}; every part's N % 16 == 0, blocks = their sum / 16. stage:
+// the one-row block-columns launch's norm, if any (XStage).
 template <class Codec, bool kTiled>
 cudaError_t dispatch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K,
-                          int warps, int depth, bool pdl, int pipeline, const NinferAddNorm* norm, cudaStream_t stream) {
+                          int warps, int depth, bool pdl, int pipeline, const XStage& stage, cudaStream_t stream) {
   switch (warps * 10 + depth) {
-    case 42: return launch_ring<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
-    case 44: return launch_ring<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
-    case 82: return launch_ring<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
-    case 84: return launch_ring<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
-    case 162: return launch_ring<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
-    case 164: return launch_ring<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
+    case 42: return launch_ring<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stage, stream);
+    case 44: return launch_ring<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stage, stream);
+    case 82: return launch_ring<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stage, stream);
+    case 84: return launch_ring<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stage, stream);
+    case 162: return launch_ring<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stage, stream);
+    case 164: return launch_ring<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, stage, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -1001,11 +1052,14 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
                            int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
-                           cudaStream_t stream) {
+                           const NinferGatedNorm* gated_norm, cudaStream_t stream) {
   using ninfer_sm90::Nvfp4;
   if (count < 1 || count > ninfer_sm90::kMaxParts ||
       (glu && (count != 2 || n[0] != n[1] || !tiled || pipeline != ninfer_sm90::kBulk)) ||
-      (norm != nullptr && (!tiled || M != 1 || pipeline != ninfer_sm90::kRingBlockColumns || norm->weight == nullptr)))
+      (norm != nullptr && (!tiled || M != 1 || pipeline != ninfer_sm90::kRingBlockColumns || norm->weight == nullptr)) ||
+      (gated_norm != nullptr && (!tiled || M != 1 || pipeline != ninfer_sm90::kRingBlockColumns || norm != nullptr ||
+                                 gated_norm->head_dim < 8 || gated_norm->head_dim > 256 ||
+                                 (gated_norm->head_dim & (gated_norm->head_dim - 1)) != 0 || K % gated_norm->head_dim != 0)))
     return static_cast<int>(cudaErrorInvalidValue);
   Nvfp4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p) args[p] = {static_cast<const uint8_t*>(scale[p]), s2[p]};
@@ -1018,10 +1072,10 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
                 : ninfer_sm90::dispatch_bulk<false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
   else if (tiled)
     err = ninfer_sm90::dispatch_ring<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
-                                                                     norm, stream);
+                                                                     {norm, gated_norm}, stream);
   else
     err = pipeline != ninfer_sm90::kRing ? cudaErrorInvalidValue
-          : ninfer_sm90::dispatch_ring<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, nullptr, stream);
+          : ninfer_sm90::dispatch_ring<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, {}, stream);
   return static_cast<int>(err);
 }
 
@@ -1040,6 +1094,6 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, count, n);
   return static_cast<int>(
       tiled ? ninfer_sm90::dispatch_ring<ninfer_sm90::Int4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
-                                                                       nullptr, stream)
-            : ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, nullptr, stream));
+                                                                       {}, stream)
+            : ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, {}, stream));
 }
