@@ -120,6 +120,18 @@ class QuantizedLinear:
             return None
         return cuda_ops.nvfp4_gated_norm_gemv(x2, gate.reshape(1, k), norm_weight, eps, parts)[1]
 
+    def apply_after_silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+        """layers.silu_mul_linear as one launch: gate and up [1, K] -> [1, N], where the one-row NVFP4 GEMV
+        stages SiLU(gate) * up itself (cuda_ops.silu_mul_gemv_fits), else None."""
+        k = self.shape[1]
+        if (not gate.is_cuda or gate.numel() != k or up.shape != gate.shape or gate.dtype != torch.bfloat16
+                or up.dtype != gate.dtype or self._cuda_gemv(gate.reshape(1, k)) != "nvfp4"):
+            return None
+        gate2, parts = gate.reshape(1, k), self._nvfp4_parts()
+        if not cuda_ops.silu_mul_gemv_fits(gate2, parts):
+            return None
+        return cuda_ops.nvfp4_silu_mul_gemv(gate2, up.reshape(1, k), parts)[1].view(*gate.shape[:-1], self.shape[0])
+
     def _nvfp4_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qweight, block_scale, global_scale), as cuda_ops' NVFP4 GEMVs take a weight."""
         return self.parts["qweight"], self.parts["block_scale"], self.parts["global_scale"]

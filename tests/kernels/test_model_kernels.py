@@ -90,8 +90,9 @@ def test_engine_on_cuda_matches_the_cpu_reference(packed, profile):
 def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, model_id):
     """At one row on Hopper every layer's input and post-attention norm runs inside the NVFP4 GEMV that
     reads it (cuda_ops.nvfp4_norm_gemv_group: two launches a layer, none at more rows), as does each GDN
-    layer's output norm (cuda_ops.nvfp4_gated_norm_gemv, out_proj), and the logits are those of the same
-    model with a norm kernel before each GEMV (NINFER_FUSED_NORM=0), to bf16 rounding."""
+    layer's output norm (cuda_ops.nvfp4_gated_norm_gemv, out_proj) and each MLP's SiLU-mul (nvfp4_silu_mul_gemv,
+    down), and the logits are those of the same model with their kernels before each GEMV (NINFER_FUSED_NORM=0),
+    to bf16 rounding."""
     from ninfer_run.kernels import cuda_ops
     from ninfer_run.loader import load
 
@@ -99,7 +100,7 @@ def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, m
         pytest.skip("no sm_90 GPU or the extension did not build")
     model = load(packed(model_id, "nvfp4"), device="cuda", dtype=torch.bfloat16).model
     calls = []
-    for name in ("nvfp4_norm_gemv_group", "nvfp4_gated_norm_gemv"):
+    for name in ("nvfp4_norm_gemv_group", "nvfp4_gated_norm_gemv", "nvfp4_silu_mul_gemv"):
         launch = getattr(cuda_ops, name)
         monkeypatch.setattr(cuda_ops, name, lambda *a, name=name, launch=launch, **kw: calls.append(name) or launch(*a, **kw))
     gdn_layers = sum(kind == "linear_attention" for kind in getattr(model.cfg, "layer_types", []))
@@ -114,5 +115,6 @@ def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, m
         # each layer's input and post-attention norms; each GDN layer's output norm (staged by out_proj's launch)
         assert calls.count("nvfp4_norm_gemv_group") == (4 * 2 * model.cfg.num_layers if fused else 0)
         assert calls.count("nvfp4_gated_norm_gemv") == (4 * gdn_layers if fused else 0)
+        assert calls.count("nvfp4_silu_mul_gemv") == (4 * model.cfg.num_layers if fused else 0)  # down's
         logits[fused] = torch.cat([prefill, *steps])
     assert _rel(logits[True], logits[False]) < 2e-2

@@ -303,6 +303,38 @@ def test_cuda_gated_norm_gemv_stages_the_gdn_output_norm(head_dim):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+def test_cuda_silu_mul_gemv_stages_the_swiglu_activation():
+    """nvfp4_silu_mul_gemv (one row, ring-block-columns): the staged row within one bf16 rounding of
+    layers.silu_mul_reference (SiLU to float32 rounding), each output the float32 product of that very row
+    rounded once; the down projection's shape (x 34 KB) and a small one, every (warps, depth) shape; a gate
+    of two rows and a product written over up refused."""
+    from ninfer_run import layers
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    kk = 17408
+    g = torch.Generator().manual_seed(17)
+    gate, up = ((torch.randn(1, kk, generator=g) * 3).to(DEVICE, DTYPE) for _ in range(2))
+    want = layers.silu_mul_reference(gate, up)
+    for n in (5120, 48):
+        weight = _weight(n, kk, n + 1)
+        tiled = (*cuda_ops.tile_nvfp4(*weight[:2]), weight[2])
+        for shape in sorted(cuda_ops.GEMV_SHAPES):
+            product, out = cuda_ops.nvfp4_silu_mul_gemv(gate, up, tiled, product=True, shape=shape)
+            assert _within_one_rounding(product, want), (n, shape)
+            assert rounded_once(out, k.reference(product, *weight)), (n, shape)
+            none, again = cuda_ops.nvfp4_silu_mul_gemv(gate, up, tiled, shape=shape)
+            assert none is None and torch.equal(again, out), (n, shape)
+    with pytest.raises(RuntimeError, match="one row"):
+        cuda_ops.nvfp4_silu_mul_gemv(gate.expand(2, kk).contiguous(), up.expand(2, kk).contiguous(), tiled)
+    with pytest.raises(RuntimeError, match="not the gate or up"):
+        cuda_ops._raise_refusal(torch.ops.ninfer.nvfp4_silu_mul_gemv(
+            gate, up, up, [tiled[0]], [tiled[1].view(torch.uint8)], [weight[2].reshape(1).float()],
+            [torch.empty(1, 48, device=DEVICE, dtype=DTYPE)], 8, 2, True))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 def test_cuda_gated_norm_gemv_refuses_what_it_cannot_stage():
     """Heads that are not a power of 2 long or do not divide the row, more than one row, a normed row written
     over x: a RuntimeError that says why, nothing launched."""

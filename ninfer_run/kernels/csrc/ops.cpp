@@ -83,7 +83,7 @@ void check_launch(const char* op, int err, int64_t warps, int64_t depth) {
 // tiled: q and scale in cuda_ops.tile_nvfp4's layout (the same bytes, each 16-row x 128-K tile contiguous)
 void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
                      int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu,
-                     const NinferAddNorm* norm = nullptr, const NinferGatedNorm* gated_norm = nullptr) {
+                     const NinferStaging& staging = {}) {
   require(scale.size() == q.size() && s2.size() == q.size(), "nvfp4_gemv: as many scales as weights");
   std::vector<int> n;
   for (const at::Tensor& t : q) {
@@ -110,7 +110,7 @@ void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale
   check_launch("nvfp4_gemv",
                ninfer_nvfp4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), s2p.data(),
                                       n.data(), yp.data(), M, K, warps, depth, tiled, pdl, static_cast<int>(pipeline), glu,
-                                      norm, gated_norm, c10::cuda::getCurrentCUDAStream()),
+                                      &staging, c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
@@ -187,7 +187,7 @@ std::string nvfp4_norm_gemv(const at::Tensor& x, const std::optional<at::Tensor>
     const auto pointer = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; };
     const NinferAddNorm norm{pointer(residual), weight.data_ptr(), pointer(sum_out), pointer(normed_out),
                              static_cast<float>(eps), static_cast<float>(offset)};
-    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false, &norm);
+    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false, {&norm, nullptr, nullptr});
   });
 }
 
@@ -217,7 +217,27 @@ std::string nvfp4_gated_norm_gemv(const at::Tensor& x, const at::Tensor& gate, c
     check_gated_norm(x, gate, weight, normed_out, head_dim);
     const NinferGatedNorm norm{gate.data_ptr(), weight.data_ptr(), normed_out.has_value() ? normed_out->data_ptr() : nullptr,
                                static_cast<float>(eps), static_cast<int>(head_dim)};
-    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false, nullptr, &norm);
+    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false, {nullptr, &norm, nullptr});
+  });
+}
+
+// The gate [1, K] (bf16) and up and product_out as it; product_out apart from both (NinferSiluMul).
+std::string nvfp4_silu_mul_gemv(const at::Tensor& gate, const at::Tensor& up, const std::optional<at::Tensor>& product_out,
+                                at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y, int64_t warps,
+                                int64_t depth, bool pdl) {
+  return guarded([&] {
+    require(gate.dim() == 2 && gate.size(0) == 1, "nvfp4_silu_mul_gemv: one row gate [1, K]");
+    const auto like_gate = [&gate](const at::Tensor& t) {
+      return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == gate.numel() &&
+             reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+    };
+    require(like_gate(up), "nvfp4_silu_mul_gemv: up bf16 [1, K] as the gate, 16-byte aligned");
+    require(!product_out.has_value() || (like_gate(*product_out) && product_out->data_ptr() != gate.data_ptr() &&
+                                         product_out->data_ptr() != up.data_ptr()),
+            "nvfp4_silu_mul_gemv: product_out bf16 [1, K] as the gate, 16-byte aligned, not the gate or up");
+    const NinferSiluMul silu_mul{up.data_ptr(), product_out.has_value() ? product_out->data_ptr() : nullptr};
+    nvfp4_gemv_body(gate, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false,
+                    {nullptr, nullptr, &silu_mul});
   });
 }
 
@@ -231,7 +251,8 @@ std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scal
 
 // nvfp4_norm_gemv: nvfp4_gemv of one row in the ring-block-columns pipeline (tiled) with x first normalized
 // as NinferAddNorm says (x + residual, its RMSNorm), the sum and the normed row written where given;
-// nvfp4_gated_norm_gemv likewise with x the Gated DeltaNet output norm of x and the gate (NinferGatedNorm).
+// nvfp4_gated_norm_gemv likewise with x the Gated DeltaNet output norm of x and the gate (NinferGatedNorm), and
+// nvfp4_silu_mul_gemv with x SiLU(gate) * up (NinferSiluMul).
 // One launch for 1 to 3 weights that read the same x, each into its own y [M, N] -> "" or why not (guarded);
 // glu (NVFP4, tiled, the bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
@@ -245,6 +266,8 @@ TORCH_LIBRARY(ninfer, m) {
         "bool pdl) -> str");
   m.def("nvfp4_gated_norm_gemv(Tensor x, Tensor gate, Tensor weight, Tensor(b!)? normed_out, float eps, int head_dim, "
         "Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, bool pdl) -> str");
+  m.def("nvfp4_silu_mul_gemv(Tensor gate, Tensor up, Tensor(b!)? product_out, Tensor[] q, Tensor[] scale, Tensor[] s2, "
+        "Tensor(a!)[] y, int warps, int depth, bool pdl) -> str");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
         "bool tiled, bool pdl, int pipeline) -> str");
 }
@@ -253,5 +276,6 @@ TORCH_LIBRARY_IMPL(ninfer, CUDA, m) {
   m.impl("nvfp4_gemv", &nvfp4_gemv);
   m.impl("nvfp4_norm_gemv", &nvfp4_norm_gemv);
   m.impl("nvfp4_gated_norm_gemv", &nvfp4_gated_norm_gemv);
+  m.impl("nvfp4_silu_mul_gemv", &nvfp4_silu_mul_gemv);
   m.impl("int4_gemv", &int4_gemv);
 }
