@@ -498,6 +498,24 @@ __device__ __forceinline__ uint4 each_word(const uint4& a, const uint4& b, F f) 
   return make_uint4(f(a.x, b.x), f(a.y, b.y), f(a.z, b.z), f(a.w, b.w));
 }
 
+// squares plus eight bf16 values' squares, added one by one.
+__device__ __forceinline__ float add_squares(float squares, const uint4& v) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (uint32_t word : words) {
+    const float2 f = bf16x2_float(word);
+    squares += f.x * f.x + f.y * f.y;
+  }
+  return squares;
+}
+
+__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }  // as torch's, in float32
+
+// The 64 zero bytes after a staged row that Nvfp4Columns' idle lanes read.
+__device__ __forceinline__ void zeros_after(uint4* staged, int K) {
+  if (threadIdx.x < 4) staged[K / 8 + threadIdx.x] = make_uint4(0, 0, 0, 0);
+}
+
 // Eight bf16 values times 2^100, exact (Nvfp4Columns stages x so: see its exactness note).
 __device__ __forceinline__ uint4 times_2_to_100(const uint4& v) {
   constexpr uint32_t kTwoTo100 = 0x71807180u;  // bf16 2^100 in both halves
@@ -525,12 +543,7 @@ __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat1
         const float2 fa = bf16x2_float(a), fb = bf16x2_float(b);
         return float2_bf16x2(fa.x + fb.x, fa.y + fb.y);
       });
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (uint32_t word : words) {
-      const float2 f = bf16x2_float(word);
-      squares += f.x * f.x + f.y * f.y;
-    }
+    squares = add_squares(squares, v);
     staged[i] = v;
     if (writer && norm.sum_out != nullptr) static_cast<uint4*>(norm.sum_out)[i] = v;
   }
@@ -554,7 +567,7 @@ __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat1
     if (writer && norm.normed_out != nullptr) static_cast<uint4*>(norm.normed_out)[i] = y;
     staged[i] = times_2_to_100(y);
   }
-  if (threadIdx.x < 4) staged[K / 8 + threadIdx.x] = make_uint4(0, 0, 0, 0);  // the 64 zero bytes after x
+  zeros_after(staged, K);
 }
 
 // Nvfp4Columns' staging of the GDN output norm (NinferGatedNorm): each head's head_dim values of x
@@ -574,13 +587,7 @@ __device__ __forceinline__ void stage_gated_norm(uint4* staged, const __nv_bfloa
     const int i = first + threadIdx.x;
     const bool in_row = i < K / 8;
     const uint4 v = in_row ? __ldg(rows + i) : make_uint4(0, 0, 0, 0);
-    float squares = 0.f;
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (uint32_t word : words) {
-      const float2 f = bf16x2_float(word);
-      squares += f.x * f.x + f.y * f.y;
-    }
+    float squares = add_squares(0.f, v);
 #pragma unroll
     for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) {
       const float other = __shfl_xor_sync(0xFFFFFFFFu, squares, lane_mask);
@@ -595,12 +602,12 @@ __device__ __forceinline__ void stage_gated_norm(uint4* staged, const __nv_bfloa
     });
     const uint4 y = each_word(weighted, __ldg(gate + i), [](uint32_t a, uint32_t g) {
       const float2 fa = bf16x2_float(a), fg = bf16x2_float(g);
-      return float2_bf16x2(__fmul_rn(fa.x, fg.x / (1.f + expf(-fg.x))), __fmul_rn(fa.y, fg.y / (1.f + expf(-fg.y))));
+      return float2_bf16x2(__fmul_rn(fa.x, silu(fg.x)), __fmul_rn(fa.y, silu(fg.y)));
     });
     if (writer && norm.normed_out != nullptr) static_cast<uint4*>(norm.normed_out)[i] = y;
     staged[i] = times_2_to_100(y);
   }
-  if (threadIdx.x < 4) staged[K / 8 + threadIdx.x] = make_uint4(0, 0, 0, 0);  // the 64 zero bytes after x
+  zeros_after(staged, K);
 }
 
 // Nvfp4Columns' staging of the SwiGLU activation (NinferSiluMul; x is the gate): SiLU in float32, rounded,
@@ -614,13 +621,13 @@ __device__ __forceinline__ void stage_silu_mul(uint4* staged, const __nv_bfloat1
   for (int i = threadIdx.x; i < K / 8; i += kWarps * 32) {
     const uint4 y = each_word(__ldg(gates + i), __ldg(up + i), [](uint32_t g, uint32_t u) {
       const float2 fg = bf16x2_float(g), fu = bf16x2_float(u);
-      const float2 silu = bf16x2_float(float2_bf16x2(fg.x / (1.f + expf(-fg.x)), fg.y / (1.f + expf(-fg.y))));
-      return float2_bf16x2(__fmul_rn(silu.x, fu.x), __fmul_rn(silu.y, fu.y));
+      const float2 activated = bf16x2_float(float2_bf16x2(silu(fg.x), silu(fg.y)));  // rounded, as torch's
+      return float2_bf16x2(__fmul_rn(activated.x, fu.x), __fmul_rn(activated.y, fu.y));
     });
     if (writer && silu_mul.product_out != nullptr) static_cast<uint4*>(silu_mul.product_out)[i] = y;
     staged[i] = times_2_to_100(y);
   }
-  if (threadIdx.x < 4) staged[K / 8 + threadIdx.x] = make_uint4(0, 0, 0, 0);  // the 64 zero bytes after x
+  zeros_after(staged, K);
 }
 
 struct PlainX {};  // a launch that stages x as it is (the others: NinferAddNorm, NinferGatedNorm, NinferSiluMul)
