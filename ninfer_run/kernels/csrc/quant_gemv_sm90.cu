@@ -596,8 +596,8 @@ __device__ __forceinline__ void stage_gated_norm(uint4* staged, const __nv_bfloa
     if (!in_row) continue;
     const float rstd = rsqrtf(squares / norm.head_dim + norm.eps);
     const uint4 weighted = each_word(v, __ldg(weight + i % lanes), [rstd](uint32_t a, uint32_t w) {
-      const float2 normed = bf16x2_float(float2_bf16x2(__fmul_rn(bf16x2_float(a).x, rstd), __fmul_rn(bf16x2_float(a).y, rstd)));
-      const float2 fw = bf16x2_float(w);
+      const float2 fa = bf16x2_float(a), fw = bf16x2_float(w);
+      const float2 normed = bf16x2_float(float2_bf16x2(__fmul_rn(fa.x, rstd), __fmul_rn(fa.y, rstd)));  // rounded
       return float2_bf16x2(__fmul_rn(fw.x, normed.x), __fmul_rn(fw.y, normed.y));
     });
     const uint4 y = each_word(weighted, __ldg(gate + i), [](uint32_t a, uint32_t g) {
@@ -780,9 +780,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_persistent(const __nv_bfloat
 }
 
 // Nvfp4Columns with x staged through what comes before the GEMV (Stage: NinferAddNorm, NinferGatedNorm,
-// NinferSiluMul), gemv_capped's bounds: the staging a parameter of this kernel alone, and each its own kernel,
-// so the plain one's loop keeps its schedule. (As a member of Parts the norm moved every kernel's M and K, and ptxas scheduled the plain
-// block-columns loop differently: 20.8 against 18.8 us a launch in the engine on the H200, 7% of C = 1, stop 23.)
+// NinferSiluMul), gemv_capped's bounds: the staging a parameter of this kernel alone, and each its own
+// kernel, so the plain one's loop keeps its schedule. (As a member of Parts the norm moved every kernel's M
+// and K, and ptxas scheduled the plain block-columns loop differently: 20.8 against 18.8 us a launch in the
+// engine on the H200, 7% of C = 1, stop 23.)
 template <class Stage, int kWarps, int kDepth>
 __global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_staged(const __nv_bfloat16* __restrict__ x,
                                                       const Parts<Nvfp4::Args> parts, int M, int K, const Stage stage) {
@@ -984,7 +985,6 @@ cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<Nvfp4::Args>& 
   if constexpr (kPlain) return cudaLaunchKernelEx(&l.config, kernel, x, parts, 1, K);
   else return cudaLaunchKernelEx(&l.config, kernel, x, parts, 1, K, stage);
 }
-
 
 // A ring-persistent-x launch of 2-8 rows: as many blocks as fit at once with x [M, K] staged (more than 48 KB
 // by opting in once a kernel to what a block can have), each walking strips b, b + grid, ...; refused where x
