@@ -55,7 +55,8 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return gated_rms_norm_reference(x, gate, weight, eps)
 
 
-def gated_rms_norm_linear(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, linear_weight) -> torch.Tensor:
+def gated_rms_norm_linear(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                          linear_weight) -> torch.Tensor:
     """linear(gated_rms_norm(x, gate, weight, eps) as rows [T, heads * head_dim], linear_weight): one launch where
     the one-row NVFP4 GEMV stages the norm itself (kernels/linear.py apply_after_gated_norm), else the norm
     kernel, then the projection."""

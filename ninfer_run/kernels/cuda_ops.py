@@ -316,7 +316,8 @@ def silu_mul_gemv_fits(gate: torch.Tensor, weight: tuple) -> bool:
 
 
 def nvfp4_silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, weight: tuple, product: bool = False,
-                        shape: tuple[int, int] | None = None, pdl: bool = PDL) -> tuple[torch.Tensor | None, torch.Tensor]:
+                        shape: tuple[int, int] | None = None,
+                        pdl: bool = PDL) -> tuple[torch.Tensor | None, torch.Tensor]:
     """One row gate, up [1, K] -> (y = layers.silu_mul(gate, up) if `product` else None, y @ W^T) in one
     ring-block-columns launch of a tiled NVFP4 weight (qweight, block_scale, global_scale): each block
     stages y itself, rounded as the reference rounds it (SiLU to float32 rounding)."""

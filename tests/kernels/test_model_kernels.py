@@ -102,7 +102,8 @@ def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, m
     calls = []
     for name in ("nvfp4_norm_gemv_group", "nvfp4_gated_norm_gemv", "nvfp4_silu_mul_gemv"):
         launch = getattr(cuda_ops, name)
-        monkeypatch.setattr(cuda_ops, name, lambda *a, name=name, launch=launch, **kw: calls.append(name) or launch(*a, **kw))
+        monkeypatch.setattr(cuda_ops, name,
+                            lambda *a, name=name, launch=launch, **kw: calls.append(name) or launch(*a, **kw))
     gdn_layers = sum(kind == "linear_attention" for kind in getattr(model.cfg, "layer_types", []))
     tokens = torch.randint(0, 512, (24,), generator=torch.Generator().manual_seed(8))
     logits = {}

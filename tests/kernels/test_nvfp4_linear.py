@@ -352,8 +352,9 @@ def test_cuda_gated_norm_gemv_refuses_what_it_cannot_stage():
     tiled = (*cuda_ops.tile_nvfp4(q, s8), s2)
     x, gate = (torch.randn(2, 640, device=DEVICE).to(DTYPE) for _ in range(2))
     for head_dim in (96, 256):
+        norm_weight = torch.ones(head_dim, device=DEVICE, dtype=DTYPE)
         with pytest.raises(RuntimeError, match="head_dim a power of 2"):
-            cuda_ops.nvfp4_gated_norm_gemv(x[:1], gate[:1], torch.ones(head_dim, device=DEVICE, dtype=DTYPE), 1e-6, tiled)
+            cuda_ops.nvfp4_gated_norm_gemv(x[:1], gate[:1], norm_weight, 1e-6, tiled)
     w = torch.ones(128, device=DEVICE, dtype=DTYPE)
     with pytest.raises(RuntimeError, match="one row"):
         cuda_ops.nvfp4_gated_norm_gemv(x, gate, w, 1e-6, tiled)
