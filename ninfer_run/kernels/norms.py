@@ -38,7 +38,7 @@ def _weighted(normed, w_ptr, d, ok, offset, dtype: tl.constexpr, OFFSET: tl.cons
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, D, eps, offset, HEADS, RD,
+def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, D, X_STRIDE, eps, offset, HEADS, RD,
                      BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
                      RESIDUAL: tl.constexpr, ROPE: tl.constexpr, EARLY: tl.constexpr):
     launch_dependents(EARLY)  # the GEMV after the norm streams its weights meanwhile
@@ -46,7 +46,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr,
     d = tl.arange(0, BLOCK)
     ok = d < D
     dtype = y_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * X_STRIDE + d, mask=ok, other=0.0).to(tl.float32)
     if RESIDUAL:  # the residual sum x + h, rounded as torch's add rounds it, is stored and normalized
         x = _round(x + tl.load(h_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32), dtype)
         tl.store(s_ptr + row * D + d, x.to(dtype), mask=ok)
@@ -55,7 +55,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr,
     if ROPE:  # layers.apply_rope on the normed row (NeoX halves over the first RD columns), as it rounds
         half = RD // 2
         partner = tl.where(d < half, d + half, tl.where(d < RD, d - half, d))  # the rotate_half source
-        xp = tl.load(x_ptr + row * D + partner, mask=ok, other=0.0).to(tl.float32)
+        xp = tl.load(x_ptr + row * X_STRIDE + partner, mask=ok, other=0.0).to(tl.float32)
         yp = _round(_weighted(xp * rstd, w_ptr, partner, ok, offset, dtype, OFFSET, IN_DTYPE), dtype)
         t = row // HEADS  # rows are [token, head]
         rot = d < RD
@@ -79,15 +79,19 @@ def _warps(d: int) -> int:
 def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gate: torch.Tensor | None,
             in_dtype: bool, residual: torch.Tensor | None = None, rope: tuple | None = None):
     """-> normed (and, with `residual`, first the sum x + residual that was normalized); `rope`: (cos,
-    sin) [T, RD] for x [T, H, D], applied to the normed rows."""
+    sin) [T, RD] for x [T, H, D], applied to the normed rows. x's rows are read where they are when they
+    are evenly spaced (Qwen3.5's q: every other head_dim of the q/gate projection), not copied first."""
     d = x.shape[-1]
-    x2 = x.reshape(-1, d).contiguous()
+    x2 = x.reshape(-1, d)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
     g2 = gate.reshape(-1, d).contiguous() if gate is not None else x2
     h2 = residual.reshape(-1, d).contiguous() if residual is not None else x2
     cos, sin = (t.contiguous() for t in rope) if rope is not None else (x2, x2)
-    y = torch.empty_like(x2)
-    s = torch.empty_like(x2) if residual is not None else y
-    _rms_norm_kernel[(x2.shape[0],)](x2, weight.contiguous(), g2, y, h2, s, cos, sin, d, eps, float(offset),
+    y = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device)
+    s = torch.empty_like(y) if residual is not None else y
+    _rms_norm_kernel[(x2.shape[0],)](x2, weight.contiguous(), g2, y, h2, s, cos, sin, d, x2.stride(0), eps,
+                                     float(offset),
                                      x.shape[-2] if rope is not None else 1, cos.shape[-1] if rope is not None else 0,
                                      BLOCK=triton.next_power_of_2(d), OFFSET=bool(offset), GATED=gate is not None,
                                      IN_DTYPE=in_dtype, RESIDUAL=residual is not None, ROPE=rope is not None,

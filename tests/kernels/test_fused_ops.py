@@ -34,10 +34,14 @@ def test_rms_norm_matches_reference(shape, offset):
 
 @pytest.mark.parametrize("heads,dim,rotary", [(3, 256, 64), (2, 128, 128)])  # Qwen3.5's partial, Qwen3's full
 @pytest.mark.parametrize("offset", [0.0, 1.0])
-def test_rms_norm_rope_matches_reference(heads, dim, rotary, offset):
+@pytest.mark.parametrize("strided", [False, True])
+def test_rms_norm_rope_matches_reference(heads, dim, rotary, offset, strided):
+    """strided: x is every other head_dim of a wider row, as Qwen3.5's q in its q/gate projection (read in
+    place by the kernel, not copied first)."""
     g = torch.Generator().manual_seed(heads + dim + rotary)
     t = 5
-    x = (torch.randn(t, heads, dim, generator=g) * 3).to(DEVICE, DTYPE)
+    wide = (torch.randn(t, heads, 2 * dim, generator=g) * 3).to(DEVICE, DTYPE)
+    x = wide[..., :dim] if strided else wide[..., :dim].contiguous()
     w = (torch.randn(dim, generator=g) * 0.1 + (0 if offset else 1)).to(DEVICE, DTYPE)
     cos, sin = layers.rope_cos_sin(torch.tensor([0, 7, 8, 9, 1000], device=DEVICE), rotary, 1e7, DTYPE)
     got = norms.rms_norm_rope(x, w, 1e-6, offset, cos, sin)
