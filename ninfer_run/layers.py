@@ -123,6 +123,17 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: flo
     return apply_rope(rms_norm_reference(x, weight, eps, offset), cos, sin)
 
 
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                 offset: float, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An attention layer's rms_norm_rope of q [T, Hq, D] and of k [T, Hk, D]; one kernel for both on CUDA in
+    bf16/fp16 (kernels/norms.py)."""
+    if q.is_cuda and q.dtype in HALF and k.dtype == q.dtype:
+        from .kernels import norms
+
+        return norms.qk_norm_rope(q, k, q_weight, k_weight, eps, offset, cos, sin)
+    return rms_norm_rope(q, q_weight, eps, offset, cos, sin), rms_norm_rope(k, k_weight, eps, offset, cos, sin)
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
     """q [Tq, Hq, D], k/v [Tk, Hkv, D] (GQA); query i sits at absolute position q_offset + i."""
     groups = q.shape[1] // k.shape[1]

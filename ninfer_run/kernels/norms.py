@@ -38,11 +38,10 @@ def _weighted(normed, w_ptr, d, ok, offset, dtype: tl.constexpr, OFFSET: tl.cons
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, D, X_STRIDE, eps, offset, HEADS, RD,
-                     BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
-                     RESIDUAL: tl.constexpr, ROPE: tl.constexpr, EARLY: tl.constexpr):
-    launch_dependents(EARLY)  # the GEMV after the norm streams its weights meanwhile
-    row = tl.program_id(0)
+def _norm_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, row, D, X_STRIDE, eps, offset, HEADS, RD,
+              BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
+              RESIDUAL: tl.constexpr, ROPE: tl.constexpr):
+    """Row `row` of x (X_STRIDE apart; the other tensors' rows D apart): normed, as the flags say, into y."""
     d = tl.arange(0, BLOCK)
     ok = d < D
     dtype = y_ptr.dtype.element_ty
@@ -70,21 +69,49 @@ def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr,
     tl.store(y_ptr + row * D + d, y.to(dtype, fp_downcast_rounding="rtne"), mask=ok)
 
 
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, D, X_STRIDE, eps, offset, HEADS, RD,
+                     BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
+                     RESIDUAL: tl.constexpr, ROPE: tl.constexpr, EARLY: tl.constexpr):
+    launch_dependents(EARLY)  # the GEMV after the norm streams its weights meanwhile
+    _norm_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, tl.program_id(0), D, X_STRIDE, eps, offset,
+              HEADS, RD, BLOCK, OFFSET, GATED, IN_DTYPE, RESIDUAL, ROPE)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, yq_ptr, yk_ptr, cos_ptr, sin_ptr, Q_ROWS, D, Q_STRIDE, K_STRIDE,
+                         eps, offset, Q_HEADS, K_HEADS, RD, BLOCK: tl.constexpr, OFFSET: tl.constexpr,
+                         IN_DTYPE: tl.constexpr, EARLY: tl.constexpr):
+    """An attention layer's q rows (programs 0 .. Q_ROWS - 1), then its k rows: each normed and roped."""
+    launch_dependents(EARLY)
+    row = tl.program_id(0)
+    if row < Q_ROWS:
+        _norm_row(q_ptr, wq_ptr, q_ptr, yq_ptr, q_ptr, yq_ptr, cos_ptr, sin_ptr, row, D, Q_STRIDE, eps, offset, Q_HEADS,
+                  RD, BLOCK, OFFSET, False, IN_DTYPE, False, True)
+    else:
+        _norm_row(k_ptr, wk_ptr, k_ptr, yk_ptr, k_ptr, yk_ptr, cos_ptr, sin_ptr, row - Q_ROWS, D, K_STRIDE, eps, offset,
+                  K_HEADS, RD, BLOCK, OFFSET, False, IN_DTYPE, False, True)
+
+
 def _warps(d: int) -> int:
     """One program normalizes a row: 4 warps up to 1K columns, 8 for wider rows (a 5120-wide hidden
     row then takes 20 values a thread, not 40)."""
     return 4 if d <= 1024 else 8
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] as rows [R, D]: a view where they are evenly spaced (Qwen3.5's q: every other head_dim of
+    the q/gate projection), read in place by the kernels; a copy otherwise."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gate: torch.Tensor | None,
             in_dtype: bool, residual: torch.Tensor | None = None, rope: tuple | None = None):
     """-> normed (and, with `residual`, first the sum x + residual that was normalized); `rope`: (cos,
-    sin) [T, RD] for x [T, H, D], applied to the normed rows. x's rows are read where they are when they
-    are evenly spaced (Qwen3.5's q: every other head_dim of the q/gate projection), not copied first."""
+    sin) [T, RD] for x [T, H, D], applied to the normed rows; x's rows read where they are (_rows)."""
     d = x.shape[-1]
-    x2 = x.reshape(-1, d)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
     g2 = gate.reshape(-1, d).contiguous() if gate is not None else x2
     h2 = residual.reshape(-1, d).contiguous() if residual is not None else x2
     cos, sin = (t.contiguous() for t in rope) if rope is not None else (x2, x2)
@@ -108,6 +135,22 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: flo
                   sin: torch.Tensor) -> torch.Tensor:
     """layers.rms_norm_rope's contract (q/k norm, then partial RoPE), one kernel."""
     return _launch(x, weight, eps, offset, None, in_dtype=True, rope=(cos, sin))
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                 offset: float, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm_rope of an attention layer's q [T, Hq, D] and k [T, Hk, D] in one launch (a step's q and k
+    norms were two, with a strided copy of q before the first)."""
+    d = q.shape[-1]
+    q2, k2 = _rows(q), _rows(k)
+    yq = torch.empty(q2.shape, dtype=q.dtype, device=q.device)
+    yk = torch.empty(k2.shape, dtype=k.dtype, device=k.device)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    _qk_norm_rope_kernel[(q2.shape[0] + k2.shape[0],)](
+        q2, k2, q_weight.contiguous(), k_weight.contiguous(), yq, yk, cos, sin, q2.shape[0], d, q2.stride(0),
+        k2.stride(0), eps, float(offset), q.shape[-2], k.shape[-2], cos.shape[-1], BLOCK=triton.next_power_of_2(d),
+        OFFSET=bool(offset), IN_DTYPE=True, EARLY=EARLY_LAUNCH, num_warps=_warps(d))
+    return yq.view(q.shape), yk.view(k.shape)
 
 
 def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -21,8 +21,8 @@ from ..layers import (
     gated_rms_norm_linear,
     linear,
     linear_group,
+    qk_norm_rope,
     rms_norm,
-    rms_norm_rope,
     rope_once,
 )
 from ..state import Segments, SequenceState, advance, attend, per_sequence, rope_positions
@@ -204,8 +204,8 @@ class Model(CausalLM):
         t = qg.shape[0]
         qg = qg.view(t, c.num_heads, 2 * c.head_dim)
         q, gate = qg[..., : c.head_dim], qg[..., c.head_dim :]
-        q = rms_norm_rope(q, w("self_attn.q_norm.weight"), c.eps, 1.0, cos, sin)
-        k = rms_norm_rope(k.view(t, c.num_kv_heads, c.head_dim), w("self_attn.k_norm.weight"), c.eps, 1.0, cos, sin)
+        q, k = qk_norm_rope(q, k.view(t, c.num_kv_heads, c.head_dim), w("self_attn.q_norm.weight"),
+                            w("self_attn.k_norm.weight"), c.eps, 1.0, cos, sin)
         v = v.view(t, c.num_kv_heads, c.head_dim)
         return x, linear(attend(segments, key, q, k, v, gate).reshape(t, -1), w("self_attn.o_proj.weight"))
 

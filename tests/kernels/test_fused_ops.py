@@ -51,6 +51,21 @@ def test_rms_norm_rope_matches_reference(heads, dim, rotary, offset, strided):
     assert _rel(got, want) < 4e-3 and _rel(got[..., :rotary], want[..., :rotary]) < 4e-3
 
 
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_qk_norm_rope_is_each_ones_norm_and_rope(offset):
+    """An attention layer's q (strided, as Qwen3.5's) and k in one launch: each exactly what its own
+    rms_norm_rope launch gives (the same row code, its own weight, heads and stride)."""
+    g = torch.Generator().manual_seed(11)
+    t, heads, kv_heads, dim, rotary = 5, 6, 2, 128, 64
+    q = (torch.randn(t, heads, 2 * dim, generator=g) * 3).to(DEVICE, DTYPE)[..., :dim]
+    k = (torch.randn(t, kv_heads, dim, generator=g) * 3).to(DEVICE, DTYPE)
+    wq, wk = ((torch.randn(dim, generator=g) * 0.1 + (0 if offset else 1)).to(DEVICE, DTYPE) for _ in range(2))
+    cos, sin = layers.rope_cos_sin(torch.tensor([0, 7, 8, 9, 1000], device=DEVICE), rotary, 1e7, DTYPE)
+    got_q, got_k = norms.qk_norm_rope(q, k, wq, wk, 1e-6, offset, cos, sin)
+    assert torch.equal(got_q, norms.rms_norm_rope(q, wq, 1e-6, offset, cos, sin))
+    assert torch.equal(got_k, norms.rms_norm_rope(k, wk, 1e-6, offset, cos, sin))
+
+
 @pytest.mark.parametrize("weight_dtype", ["same", "float32"])
 def test_gated_rms_norm_matches_reference(weight_dtype):
     g = torch.Generator().manual_seed(7)
