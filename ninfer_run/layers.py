@@ -60,7 +60,7 @@ def gated_rms_norm_linear(x: torch.Tensor, gate: torch.Tensor, weight: torch.Ten
     """linear(gated_rms_norm(x, gate, weight, eps) as rows [T, heads * head_dim], linear_weight): one launch where
     the one-row NVFP4 GEMV stages the norm itself (kernels/linear.py apply_after_gated_norm), else the norm
     kernel, then the projection."""
-    launch = None if isinstance(linear_weight, torch.Tensor) else getattr(linear_weight, "apply_after_gated_norm", None)
+    launch = _quantized(linear_weight, "apply_after_gated_norm")
     fused = launch(x, gate, weight, eps) if launch is not None else None
     if fused is not None:
         return fused
@@ -157,9 +157,14 @@ def linear(x: torch.Tensor, weight) -> torch.Tensor:
     return F.linear(x, weight) if isinstance(weight, torch.Tensor) else weight(x)
 
 
+def _quantized(weight, method: str):
+    """A quantized weight's (kernels/linear.py QuantizedLinear) `method`, None for a plain tensor."""
+    return None if isinstance(weight, torch.Tensor) else getattr(weight, method, None)
+
+
 def _one_launch(x: torch.Tensor, weights: list, glu: bool = False) -> list[torch.Tensor] | None:
     """Quantized weights' shared launch (kernels/linear.py QuantizedLinear.group), None where they have none."""
-    group = None if isinstance(weights[0], torch.Tensor) else getattr(weights[0], "group", None)
+    group = _quantized(weights[0], "group")
     return group(x, weights, glu=glu) if group is not None else None
 
 
@@ -180,7 +185,7 @@ def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
 def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, down) -> torch.Tensor:
     """linear(silu_mul(gate, up), down): one launch where the one-row NVFP4 GEMV stages the activation itself
     (kernels/linear.py apply_after_silu_mul), else the SiLU-mul kernel, then the projection."""
-    launch = None if isinstance(down, torch.Tensor) else getattr(down, "apply_after_silu_mul", None)
+    launch = _quantized(down, "apply_after_silu_mul")
     fused = launch(gate, up) if launch is not None else None
     return fused if fused is not None else linear(silu_mul(gate, up), down)
 
@@ -189,7 +194,7 @@ def _norm_launch(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, 
                  weights: list, normed: bool) -> tuple | None:
     """Quantized weights' launch that stages the norm itself (kernels/linear.py group_after_norm), None
     where they have none."""
-    launch = None if isinstance(weights[0], torch.Tensor) else getattr(weights[0], "group_after_norm", None)
+    launch = _quantized(weights[0], "group_after_norm")
     return launch(x, h, weight, eps, offset, weights, normed) if launch is not None else None
 
 

@@ -160,15 +160,19 @@ std::string nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList sca
   return guarded([&] { nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, tiled, pdl, pipeline, glu); });
 }
 
+// What the one-row stagings take of x's companions (and of x): bf16 on CUDA, contiguous, numel values,
+// 16-byte aligned (the stagers read and write them as uint4).
+bool aligned_bf16(const at::Tensor& t, int64_t numel) {
+  return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == numel &&
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
 // One row x [1, K] (bf16) and what NinferAddNorm takes: residual and the outputs [1, K] bf16 as x, weight
 // bf16 [K]; the outputs apart from x and residual (other blocks still read those while block 0 writes).
 void check_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
                 const std::optional<at::Tensor>& sum_out, const std::optional<at::Tensor>& normed_out) {
   require(x.dim() == 2 && x.size(0) == 1, "nvfp4_norm_gemv: one row x [1, K]");
-  const auto like_x = [&x](const at::Tensor& t) {
-    return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == x.numel() &&
-           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  };
+  const auto like_x = [&x](const at::Tensor& t) { return aligned_bf16(t, x.numel()); };
   require(like_x(weight), "nvfp4_norm_gemv: weight bf16 [K], contiguous, 16-byte aligned");
   for (const auto* t : {&residual, &sum_out, &normed_out})
     require(!t->has_value() || like_x(**t), "nvfp4_norm_gemv: residual and outputs bf16 [1, K] as x, 16-byte aligned");
@@ -198,10 +202,6 @@ void check_gated_norm(const at::Tensor& x, const at::Tensor& gate, const at::Ten
   require(x.dim() == 2 && x.size(0) == 1, "nvfp4_gated_norm_gemv: one row x [1, K]");
   require(head_dim >= 8 && head_dim <= 256 && (head_dim & (head_dim - 1)) == 0 && x.size(1) % head_dim == 0,
           "nvfp4_gated_norm_gemv: head_dim a power of 2 from 8 to 256 that divides K");
-  const auto aligned_bf16 = [](const at::Tensor& t, int64_t numel) {
-    return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == numel &&
-           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  };
   require(aligned_bf16(gate, x.numel()), "nvfp4_gated_norm_gemv: gate bf16 [1, K] as x, 16-byte aligned");
   require(aligned_bf16(weight, head_dim), "nvfp4_gated_norm_gemv: weight bf16 [head_dim], contiguous, 16-byte aligned");
   require(!normed_out.has_value() || (aligned_bf16(*normed_out, x.numel()) && normed_out->data_ptr() != x.data_ptr() &&
@@ -227,10 +227,7 @@ std::string nvfp4_silu_mul_gemv(const at::Tensor& gate, const at::Tensor& up, co
                                 int64_t depth, bool pdl) {
   return guarded([&] {
     require(gate.dim() == 2 && gate.size(0) == 1, "nvfp4_silu_mul_gemv: one row gate [1, K]");
-    const auto like_gate = [&gate](const at::Tensor& t) {
-      return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == gate.numel() &&
-             reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-    };
+    const auto like_gate = [&gate](const at::Tensor& t) { return aligned_bf16(t, gate.numel()); };
     require(like_gate(up), "nvfp4_silu_mul_gemv: up bf16 [1, K] as the gate, 16-byte aligned");
     require(!product_out.has_value() || (like_gate(*product_out) && product_out->data_ptr() != gate.data_ptr() &&
                                          product_out->data_ptr() != up.data_ptr()),
