@@ -373,6 +373,7 @@ def mlp_chain(device: str) -> list[dict]:
     floor = _read_floor()
     sink = torch.empty(8 * sms * 16 * 32, dtype=torch.int32, device=device)
     act = torch.randn(1, inter, device=device, dtype=torch.bfloat16)  # the down projection's x, GEMVs alone
+    residual = torch.randn(1, hidden, device=device, dtype=torch.bfloat16)
 
     def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool | str = True, pipeline: str = "ring",
               glu: bool = False):
@@ -388,6 +389,23 @@ def mlp_chain(device: str) -> list[dict]:
         else:
             g, u = (gemv(h, [(*w[name], s2)])[0] for name in ("gate", "up"))
         gemv(act.clone() if small_ops == "copy" else silu_mul(g, u) if small_ops else act, [(*w["down"], s2)])
+
+    def engine_block(w, stagings: str):
+        """The engine's one-row MLP block (block columns, PDL): x + residual and its norm, gate and up,
+        SiLU-mul, down; the norm and the SiLU-mul in kernels of their own or staged by the GEMV after them
+        (cuda_ops.STAGINGS' kinds add_norm, silu_mul)."""
+        kinds = cuda_ops.parse_stagings(stagings)
+        gate_up = [(*w["gate"], s2), (*w["up"], s2)]
+        if "add_norm" in kinds:
+            _, _, (g, u) = cuda_ops.nvfp4_norm_gemv_group(x, residual, norm_w, 1e-6, 1.0, gate_up)
+        else:
+            _, h = norms.add_rms_norm(x, residual, norm_w, 1e-6, 1.0)
+            g, u = cuda_ops.nvfp4_gemv_group(h, gate_up, tiled=True, pdl=True, pipeline="ring-block-columns")
+        if "silu_mul" in kinds:
+            cuda_ops.nvfp4_silu_mul_gemv(g, u, (*w["down"], s2))
+        else:
+            cuda_ops.nvfp4_gemv_group(silu_mul(g, u), [(*w["down"], s2)], tiled=True, pdl=True,
+                                      pipeline="ring-block-columns")
 
     def reads(w, mode="flat"):
         for name in ("gate", "up", "down"):
@@ -408,6 +426,8 @@ def mlp_chain(device: str) -> list[dict]:
                 "block columns GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="ring-block-columns"),
                 **{f"block columns {a}x{b}": lambda w, s=(a, b): block(w, True, True, s, pipeline="ring-block-columns")
                    for a, b in ((16, 2), (8, 4), (4, 2))},
+                **{f"engine block, stagings {kinds}": lambda w, kinds=kinds: engine_block(w, kinds)
+                   for kinds in ("none", "add_norm", "silu_mul", "all")},
                 "bulk grouped": lambda w: block(w, True, False, pipeline="bulk"),
                 "bulk GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="bulk"),
                 "bulk glu+pdl": lambda w: block(w, True, True, pipeline="bulk", glu=True),

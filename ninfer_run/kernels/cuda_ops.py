@@ -241,20 +241,34 @@ def _nvfp4_operands(weights: list[tuple], device: torch.device) -> tuple[list, l
             [g.reshape(1).to(device=device, dtype=torch.float32) for _, _, g in weights])
 
 
-# Whether, at one row, what comes before a GEMV is staged by the GEMV itself (the layer norms:
-# nvfp4_norm_gemv_group; the GDN output norm: nvfp4_gated_norm_gemv; SwiGLU's SiLU-mul: nvfp4_silu_mul_gemv).
-# NINFER_FUSED_NORM=0: their own kernels, then the GEMV. Read at each call: tools/bench.py --ab-fused-norm flips it.
-FUSED_NORM = os.environ.get("NINFER_FUSED_NORM", "1") != "0"
+# What, at one row, the GEMV stages itself instead of the kernel before it: "add_norm" (the layer norms:
+# nvfp4_norm_gemv_group), "gated_norm" (the GDN output norm: nvfp4_gated_norm_gemv), "silu_mul" (SwiGLU's
+# SiLU-mul: nvfp4_silu_mul_gemv). NINFER_STAGINGS: "all", "none" or a comma list of them. Read at each call:
+# tools/bench.py --ab-stagings sets it.
+STAGING_KINDS = ("add_norm", "gated_norm", "silu_mul")
 
 
-def _stages_one_row(x: torch.Tensor, weights: list[tuple], static_bytes_per_warp: int = 512) -> bool:
-    """Whether a one-row launch of tiled NVFP4 weights can stage its x itself: FUSED_NORM, one bf16 row of
-    K % 128 == 0, the ring-block-columns pipeline, and x (with the zeros after it) beside the kernel's static
-    shared memory (the warps' partial sums, 512 B a warp; stage_add_norm's sums 4 B more) within the 48 KB a
-    block gets (csrc launch_persistent)."""
+def parse_stagings(text: str) -> frozenset[str]:
+    """"all", "none" or a comma list of STAGING_KINDS -> that set; anything else is refused by name."""
+    if text.strip() in ("all", "none"):
+        return frozenset(STAGING_KINDS if text.strip() == "all" else ())
+    kinds = frozenset(kind.strip() for kind in text.split(","))
+    if not kinds <= set(STAGING_KINDS):
+        raise ValueError(f"stagings {text!r}: expected 'all', 'none' or a comma list of {', '.join(STAGING_KINDS)}")
+    return kinds
+
+
+STAGINGS = parse_stagings(os.environ.get("NINFER_STAGINGS", "all"))
+
+
+def _stages_one_row(kind: str, x: torch.Tensor, weights: list[tuple], static_bytes_per_warp: int = 512) -> bool:
+    """Whether a one-row launch of tiled NVFP4 weights can stage its x itself: `kind` in STAGINGS, one bf16
+    row of K % 128 == 0, the ring-block-columns pipeline, and x (with the zeros after it) beside the kernel's
+    static shared memory (the warps' partial sums, 512 B a warp; stage_add_norm's sums 4 B more) within the
+    48 KB a block gets (csrc launch_persistent)."""
     m, k = x.shape
     n = sum(q.shape[0] * 16 for q, _, _ in weights)
-    if not (FUSED_NORM and m == 1 and pipeline_for() in BLOCK_COLUMNS_AT_ONE_ROW and gemv_fits(x, n)):
+    if not (kind in STAGINGS and m == 1 and pipeline_for() in BLOCK_COLUMNS_AT_ONE_ROW and gemv_fits(x, n)):
         return False
     warps, _ = gemv_shape(n, k, x.device)
     return 2 * k + 64 + static_bytes_per_warp * warps <= 48 * 1024
@@ -263,7 +277,7 @@ def _stages_one_row(x: torch.Tensor, weights: list[tuple], static_bytes_per_warp
 def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Tensor) -> bool:
     """Whether nvfp4_norm_gemv_group takes this: a bf16 norm weight of K, and _stages_one_row."""
     return (norm_weight.dtype == torch.bfloat16 and norm_weight.numel() == x.shape[-1]
-            and _stages_one_row(x, weights, 516))
+            and _stages_one_row("add_norm", x, weights, 516))
 
 
 def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -290,7 +304,7 @@ def gated_norm_gemv_fits(x: torch.Tensor, weight: tuple, norm_weight: torch.Tens
     to 256 that divides K), and _stages_one_row."""
     d = norm_weight.numel()
     return (norm_weight.dtype == torch.bfloat16 and 8 <= d <= 256 and d & (d - 1) == 0 and x.shape[-1] % d == 0
-            and _stages_one_row(x, [weight]))
+            and _stages_one_row("gated_norm", x, [weight]))
 
 
 def nvfp4_gated_norm_gemv(x: torch.Tensor, gate: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: tuple,
@@ -312,7 +326,7 @@ def nvfp4_gated_norm_gemv(x: torch.Tensor, gate: torch.Tensor, norm_weight: torc
 
 def silu_mul_gemv_fits(gate: torch.Tensor, weight: tuple) -> bool:
     """Whether nvfp4_silu_mul_gemv takes this: _stages_one_row with the gate as x."""
-    return _stages_one_row(gate, [weight])
+    return _stages_one_row("silu_mul", gate, [weight])
 
 
 def nvfp4_silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, weight: tuple, product: bool = False,

@@ -91,7 +91,7 @@ def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, m
     """At one row on Hopper every layer's input and post-attention norm runs inside the NVFP4 GEMV that
     reads it (cuda_ops.nvfp4_norm_gemv_group: two launches a layer, none at more rows), as does each GDN
     layer's output norm (cuda_ops.nvfp4_gated_norm_gemv, out_proj) and each MLP's SiLU-mul (nvfp4_silu_mul_gemv,
-    down), and the logits are those of the same model with their kernels before each GEMV (NINFER_FUSED_NORM=0),
+    down), and the logits are those of the same model with their kernels before each GEMV (NINFER_STAGINGS=none),
     to bf16 rounding."""
     from ninfer_run.kernels import cuda_ops
     from ninfer_run.loader import load
@@ -108,7 +108,7 @@ def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, m
     tokens = torch.randint(0, 512, (24,), generator=torch.Generator().manual_seed(8))
     logits = {}
     for fused in (True, False):
-        monkeypatch.setattr(cuda_ops, "FUSED_NORM", fused)
+        monkeypatch.setattr(cuda_ops, "STAGINGS", cuda_ops.parse_stagings("all" if fused else "none"))
         state, calls[:] = SequenceState(), []
         _, prefill = model.forward(tokens[:20], state)
         assert calls == []  # 20 rows: a norm kernel, then dequantize + matmul

@@ -403,18 +403,18 @@ def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x(pipeline, rows):
     n, kk = 17408, 5120
     q, s8, s2 = _weight(n, kk, 9)
     tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2)]
-    rows = torch.empty(16384, kk, device=DEVICE, dtype=DTYPE)
+    source = torch.empty(16384, kk, device=DEVICE, dtype=DTYPE)
     weight = torch.rand(kk, device=DEVICE, dtype=DTYPE)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        normed = norms.rms_norm(rows, weight, 1e-6, 0.0)  # warm-up (compiles) outside the capture
+        normed = norms.rms_norm(source, weight, 1e-6, 0.0)  # warm-up (compiles) outside the capture
         cuda_ops.nvfp4_gemv_group(normed[-rows:], tiled, tiled=True, pipeline=pipeline)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            normed = norms.rms_norm(rows, weight, 1e-6, 0.0)
+            normed = norms.rms_norm(source, weight, 1e-6, 0.0)
             (y,) = cuda_ops.nvfp4_gemv_group(normed[-rows:], tiled, tiled=True, pdl=True, pipeline=pipeline)
     for seed in range(6):
-        rows.copy_(torch.randn(rows.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, DTYPE))
+        source.copy_(torch.randn(source.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, DTYPE))
         graph.replay()
         torch.cuda.synchronize()
         assert rounded_once(y, k.reference(normed[-rows:], q, s8, s2)), seed
