@@ -173,15 +173,10 @@ PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependen
 # shared memory with bulk asynchronous copies; gate, up and SiLU-mul can share its launch),
 # "ring-block-columns" (at M = 1 the staged ring with each NVFP4 block an MMA column, so the block scales
 # multiply fp32 sums, 4 a tile, not the codes, 32, and a persistent grid that stages x once a block:
-# csrc Nvfp4Columns; other rows as ring-staged-x), "ring-persistent-x" (one row as ring-block-columns; 2-8
-# rows the staged ring in a persistent grid, x staged once a block, past 48 KB by opting in: at C = 8 the
-# staged-x grid cannot hold x, and the plain ring reads each row of x from L2 in every block; not yet
-# measured), or "auto": ring-block-columns (adjacent engine runs on
+# csrc Nvfp4Columns; other rows as ring-staged-x), or "auto": ring-block-columns (adjacent engine runs on
 # the H200: C = 1 147.4 vs ring-staged-x's 140.9 tok/s, gpu_notes stop 21; ring-staged-x had beaten bulk +
 # GLU at C = 1 by 2-3% and the ring at C = 2 and 4 by 3%, stop 18). The row-major layout has the ring only.
-PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2, "ring-block-columns": 3, "ring-persistent-x": 4}
-# The pipelines whose one-row launch is ring-block-columns' (and stages the norms and SiLU-mul before it).
-BLOCK_COLUMNS_AT_ONE_ROW = ("ring-block-columns", "ring-persistent-x")
+PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2, "ring-block-columns": 3}
 PIPELINE_NAMES = (*PIPELINES, "auto")
 PIPELINE = os.environ.get("NINFER_GEMV_PIPELINE", "auto")
 if PIPELINE not in PIPELINE_NAMES:
@@ -268,7 +263,7 @@ def _stages_one_row(kind: str, x: torch.Tensor, weights: list[tuple], static_byt
     48 KB a block gets (csrc launch_persistent)."""
     m, k = x.shape
     n = sum(q.shape[0] * 16 for q, _, _ in weights)
-    if not (kind in STAGINGS and m == 1 and pipeline_for() in BLOCK_COLUMNS_AT_ONE_ROW and gemv_fits(x, n)):
+    if not (kind in STAGINGS and m == 1 and pipeline_for() == "ring-block-columns" and gemv_fits(x, n)):
         return False
     warps, _ = gemv_shape(n, k, x.device)
     return 2 * k + 64 + static_bytes_per_warp * warps <= 48 * 1024

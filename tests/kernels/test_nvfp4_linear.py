@@ -173,13 +173,11 @@ def test_cuda_gemv_refusal_is_an_error_not_a_crash():
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 # (4, 1024, 6144): x is 48 KB, the most staged x there is, so with the partial sums it takes the plain ring
 # (it crashed the bench at C = 4 while the partials were not counted); (8, 512, 5120): x 80 KB, the plain ring
-# ring-persistent-x: (8, 17408, 5120) x 80 KB past the 48 KB default (opted in), 1,088 strips over the resident
-# blocks; (4, 5120, 17408) x 139 KB; (8, 5120, 17408) x 278 KB, more than a block can have: the plain ring
+# (8, 17408, 5120) x 80 KB, (4, 5120, 17408) x 139 KB, (8, 5120, 17408) x 278 KB: the plain ring
 @pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (3, 6144, 5120), (8, 1024, 2048), (4, 1024, 6144), (8, 512, 5120),
                                     (2, 1040, 5120), (8, 17408, 5120), (4, 5120, 17408), (8, 5120, 17408)])
 def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk):
-    """csrc's kRingStagedX (x copied to shared memory by each block; the default since stop 18) and
-    kRingPersistentX (2-8 rows: x staged once a block of a persistent grid): the same products."""
+    """csrc's kRingStagedX (x copied to shared memory by each block; the default since stop 18): the same products."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
@@ -189,9 +187,8 @@ def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk):
     ref = k.reference(x, q, s8, s2)
     tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2)]
     for shape in sorted(cuda_ops.GEMV_SHAPES):
-        for pipeline in ("ring-staged-x", "ring-persistent-x"):
-            (out,) = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, pipeline=pipeline)
-            assert rounded_once(out, ref), (shape, pipeline)
+        (out,) = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, pipeline="ring-staged-x")
+        assert rounded_once(out, ref), shape
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
@@ -220,22 +217,20 @@ def test_cuda_gemv_with_block_columns_matches_reference(m, n, kk):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
-@pytest.mark.parametrize("m", [1, 3, 8])
-def test_cuda_persistent_blocks_walk_every_part(m):
-    """ring-block-columns (one row) and ring-persistent-x (more) launch as many blocks as fit at once, each
-    walking strips b, b + grid, ...: three parts of 1,186 strips in all (more than the resident blocks, so
-    blocks cross from one part into the next), each output its own reference's."""
+def test_cuda_block_columns_persistent_blocks_walk_every_part():
+    """ring-block-columns launches as many blocks as fit at once, each walking strips b, b + grid, ...:
+    three parts of 1,186 strips in all (more than the H200's 528 resident blocks, so blocks cross from one
+    part into the next), each output its own reference's."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
         pytest.skip("no sm_90 GPU or the extension did not build")
     kk = 5120
     weights = [_weight(n, kk, n + 5) for n in (17408, 1040, 528)]
-    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(7)).to(DEVICE, DTYPE)
+    x = torch.randn(1, kk, generator=torch.Generator().manual_seed(7)).to(DEVICE, DTYPE)
     tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2) for q, s8, s2 in weights]
     for shape in sorted(cuda_ops.GEMV_SHAPES):
-        outs = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True,
-                                         pipeline="ring-block-columns" if m == 1 else "ring-persistent-x")
+        outs = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, pipeline="ring-block-columns")
         for out, w in zip(outs, weights):
             assert rounded_once(out, k.reference(x, *w)), shape
 
@@ -390,7 +385,7 @@ def test_cuda_norm_gemv_refuses_what_it_cannot_stage():
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 @pytest.mark.parametrize("pipeline,rows", [("ring", 1), ("ring-staged-x", 1), ("bulk", 1), ("ring-block-columns", 1),
-                                           ("ring-staged-x", 4), ("ring-persistent-x", 4)])
+                                           ("ring-staged-x", 4)])
 def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x(pipeline, rows):
     """A GEMV launched as a programmatic dependent starts while the kernel before it runs (the norm lets
     it: kernels/common.launch_dependents) and streams weights; it must read x only after that kernel's

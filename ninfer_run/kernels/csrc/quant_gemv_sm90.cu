@@ -741,13 +741,11 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
 // One strip (16 rows) a block; Nvfp4Columns' grid is persistent instead (as many blocks as fit at once,
 // launch_ring): block b takes strips b, b + grid, ..., its x staged once.
 // stage: how Nvfp4Columns stages x (PlainX, or NinferStaging's kinds; the other codecs take PlainX).
-// kPersistent: the other codecs' grid persistent too (gemv_persistent).
-template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, class Stage = PlainX,
-          bool kPersistent = false>
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, class Stage = PlainX>
 __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
                                           int M, int K, const Stage& stage = {}) {
   asm volatile("griddepcontrol.launch_dependents;");
-  if constexpr (Codec::kBlockColumns || kPersistent) {
+  if constexpr (Codec::kBlockColumns) {
     for (int strip = blockIdx.x; strip < parts.strips; strip += gridDim.x)
       gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, strip, strip == blockIdx.x, stage);
   } else {
@@ -768,15 +766,6 @@ template <class Codec, int kWarps, int kDepth, bool kTiled, bool kStagedX>
 __global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_capped(const __nv_bfloat16* __restrict__ x,
                                                       const Parts<typename Codec::Args> parts, int M, int K) {
   gemv_body<Codec, false, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K);
-}
-
-// 2-8 rows (ring-persistent-x): x staged once a block, the grid persistent, as Nvfp4Columns' at one row. Not
-// register-capped: capped to 64 this loop spills (stop 21), and a block's x (up to 8 rows) then caps the
-// blocks a SM before the registers do.
-template <class Codec, int kWarps, int kDepth>
-__global__ void __launch_bounds__(kWarps * 32) gemv_persistent(const __nv_bfloat16* __restrict__ x,
-                                                               const Parts<typename Codec::Args> parts, int M, int K) {
-  gemv_body<Codec, false, kWarps, kDepth, true, true, PlainX, true>(x, parts, M, K);
 }
 
 // Nvfp4Columns with x staged through what comes before the GEMV (Stage: NinferAddNorm, NinferGatedNorm,
@@ -986,33 +975,6 @@ cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<Nvfp4::Args>& 
   else return cudaLaunchKernelEx(&l.config, kernel, x, parts, 1, K, stage);
 }
 
-// A ring-persistent-x launch of 2-8 rows: as many blocks as fit at once with x [M, K] staged (more than 48 KB
-// by opting in once a kernel to what a block can have), each walking strips b, b + grid, ...; refused where x
-// and the partial sums exceed that.
-template <class Codec, int kWarps, int kDepth>
-cudaError_t launch_persistent_rows(const __nv_bfloat16* x, const Parts<typename Codec::Args>& parts, int blocks, int M,
-                                   int K, bool pdl, cudaStream_t stream) {
-  auto* kernel = gemv_persistent<Codec, kWarps, kDepth>;
-  static const std::pair<int, int> static_and_max_bytes = [kernel] {  // (its static bytes, the most dynamic)
-    int device = 0, optin = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    cudaFuncAttributes attributes{};
-    cudaFuncGetAttributes(&attributes, kernel);
-    const int fixed = static_cast<int>(attributes.sharedSizeBytes);
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - fixed);
-    return std::pair<int, int>(fixed, optin - fixed);
-  }();
-  const int x_bytes = M * K * 2;
-  if (x_bytes > static_and_max_bytes.second) return cudaErrorInvalidValue;
-  int device = 0, sms = 0, per_sm = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, x_bytes);
-  Launch l(std::min(blocks, std::max(per_sm, 1) * sms), kWarps * 32, x_bytes, pdl, stream);
-  return cudaLaunchKernelEx(&l.config, kernel, x, parts, M, K);
-}
-
 template <class Codec, int kWarps, int kDepth, bool kTiled>
 cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
                         int pipeline, const NinferStaging& staging, cudaStream_t stream) {
@@ -1022,8 +984,7 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
   constexpr int kPartialBytes = sizeof(float[kWarps][4][32]);
   if constexpr (kTiled && std::is_same_v<Codec, Nvfp4Tiled>) {
     const int x_bytes = K * 2 + 64;  // x and the zeros Nvfp4Columns' idle lanes read
-    const bool columns = pipeline == kRingBlockColumns || pipeline == kRingPersistentX;
-    if (columns && M == 1 && x_bytes + kPartialBytes <= kDefaultSharedBytes) {
+    if (pipeline == kRingBlockColumns && M == 1 && x_bytes + kPartialBytes <= kDefaultSharedBytes) {
       if (staging.add_norm != nullptr)
         return launch_persistent<kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream, *staging.add_norm);
       if (staging.gated_norm != nullptr)
@@ -1036,11 +997,7 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
   if (staging.add_norm != nullptr || staging.gated_norm != nullptr || staging.silu_mul != nullptr)
     return cudaErrorInvalidValue;  // Nvfp4Columns' only
   if constexpr (kTiled) {
-    if (pipeline == kRingPersistentX && M > 1 && M <= 8) {
-      const cudaError_t err = launch_persistent_rows<Codec, kWarps, kDepth>(xb, parts, blocks, M, K, pdl, stream);
-      if (err != cudaErrorInvalidValue) return err;  // (x too large to stage: the plain ring below)
-    }
-    const bool staged = pipeline == kRingStagedX || pipeline == kRingBlockColumns || pipeline == kRingPersistentX;
+    const bool staged = pipeline == kRingStagedX || pipeline == kRingBlockColumns;
     if (staged && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
       Launch l(blocks, kWarps * 32, M * K * 2, pdl, stream);
       return cudaLaunchKernelEx(&l.config, low_rows_kernel<Codec, kWarps, kDepth, kTiled, true>(), xb, parts, M, K);

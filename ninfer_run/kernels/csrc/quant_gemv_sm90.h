@@ -5,10 +5,9 @@
 namespace ninfer_sm90 {
 // How a launch streams its weights (the launchers' `pipeline`; cuda_ops.PIPELINES): the register ring, the
 // ring with x staged in shared memory (tiled NVFP4, M <= 8, x and the partial sums within 48 KB; else the
-// plain ring), the bulk-copy pipeline (tiled NVFP4 only), the staged ring with the block scales as MMA
-// columns at M = 1 (Nvfp4Columns, tiled NVFP4; other rows as ring-staged-x), or that at M = 1 and at 2-8
-// rows the staged ring in a persistent grid, x staged once a block (past 48 KB by opting in).
-enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3, kRingPersistentX = 4 };
+// plain ring), the bulk-copy pipeline (tiled NVFP4 only), or the staged ring with the block scales as MMA
+// columns at M = 1 (Nvfp4Columns, tiled NVFP4; other rows as ring-staged-x).
+enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3 };
 }  // namespace ninfer_sm90
 
 // The RMSNorm a one-token ring-block-columns launch applies to x as it stages it, so a layer's residual
@@ -53,7 +52,7 @@ struct NinferStaging {
 // (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a pipeline the layout has
 // not: staged x is the tiled layouts', bulk copies the tiled NVFP4 layout's). glu (the bulk pipeline): two
 // weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N]. staging (nullptr: none): see
-// NinferStaging; tiled NVFP4, M = 1, the ring-block-columns pipeline only (ring-persistent-x's one-row launch).
+// NinferStaging; tiled NVFP4, M = 1, the ring-block-columns pipeline only.
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
                            int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferStaging* staging,
