@@ -55,18 +55,6 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return gated_rms_norm_reference(x, gate, weight, eps)
 
 
-def gated_rms_norm_linear(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
-                          linear_weight) -> torch.Tensor:
-    """linear(gated_rms_norm(x, gate, weight, eps) as rows [T, heads * head_dim], linear_weight): one launch where
-    the one-row NVFP4 GEMV stages the norm itself (kernels/linear.py apply_after_gated_norm), else the norm
-    kernel, then the projection."""
-    launch = _quantized(linear_weight, "apply_after_gated_norm")
-    fused = launch(x, gate, weight, eps) if launch is not None else None
-    if fused is not None:
-        return fused
-    return linear(gated_rms_norm(x, gate, weight, eps).reshape(x.shape[0], -1), linear_weight)
-
-
 def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Plain-weight RMSNorm of x, times silu(gate) (computed in float32)."""
     x32 = x.float()
@@ -177,17 +165,9 @@ def linear_group(x: torch.Tensor, weights: list) -> list[torch.Tensor]:
 
 def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
     """down(SiLU(gate(x)) * up(x)); where the NVFP4 bulk GEMV takes the rows, gate, up and the activation
-    are one launch (kernels/linear.py, glu), else silu_mul_linear of the two."""
+    are one launch (kernels/linear.py, glu), else silu_mul of the two."""
     fused = _one_launch(x, [gate, up], glu=True)
-    return linear(fused[0], down) if fused is not None else silu_mul_linear(*linear_group(x, [gate, up]), down)
-
-
-def silu_mul_linear(gate: torch.Tensor, up: torch.Tensor, down) -> torch.Tensor:
-    """linear(silu_mul(gate, up), down): one launch where the one-row NVFP4 GEMV stages the activation itself
-    (kernels/linear.py apply_after_silu_mul), else the SiLU-mul kernel, then the projection."""
-    launch = _quantized(down, "apply_after_silu_mul")
-    fused = launch(gate, up) if launch is not None else None
-    return fused if fused is not None else linear(silu_mul(gate, up), down)
+    return linear(fused[0] if fused is not None else silu_mul(*linear_group(x, [gate, up])), down)
 
 
 def _norm_launch(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float,
@@ -213,14 +193,14 @@ def add_rms_norm_linear_group(x: torch.Tensor, h: torch.Tensor | None, weight: t
 
 def add_rms_norm_swiglu_mlp(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
                             gate, up, down) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + h, swiglu_mlp(RMSNorm(x + h))): the norm staged by gate and up's launch and the SiLU-mul by down's
-    where they can be (add_rms_norm_linear_group, silu_mul_linear), else add_rms_norm, then swiglu_mlp."""
+    """(x + h, swiglu_mlp(RMSNorm(x + h))): the norm staged by gate and up's launch where it can be
+    (add_rms_norm_linear_group), else add_rms_norm, then swiglu_mlp (whose own launch may take the SiLU-mul)."""
     done = _norm_launch(x, h, weight, eps, offset, [gate, up], normed=False)
     if done is None:
         s, y = add_rms_norm(x, h, weight, eps, offset)
         return s, swiglu_mlp(y, gate, up, down)
     s, _, (g, u) = done
-    return s, silu_mul_linear(g, u, down)
+    return s, linear(silu_mul(g, u), down)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - KV capacity: tokens of INT8 KV that fit beside the weights (the planner, and free memory);
   - with --ab-pipeline NAME, decode each concurrency again, with the default pipeline and then with the
     NVFP4 GEMV streaming its weights through NAME (cuda_ops.PIPELINE_NAMES; an A/B of adjacent runs: each
-    decode captures its own graphs); with --ab-stagings V1 V2 ..., C = 1 (the stagings are one-row only)
-    with each set of kernels the GEMV stages itself (cuda_ops.STAGINGS: "all", "none", "add_norm,silu_mul",
-    ...), in two rounds, and a profile of each (decode_profile_stagings_V.txt).
+    decode captures its own graphs); with --ab-fused-norm, likewise with the one-row layer norms staged
+    by the GEMV after them and with a norm kernel of their own (cuda_ops.FUSED_NORM flipped).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
 difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
@@ -366,25 +365,6 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
-def stagings_ab(model, profile: str, p: dict, args, save) -> None:
-    """C = 1 with each of args.ab_stagings as cuda_ops.STAGINGS, two rounds of them in turn (adjacent runs:
-    the machine's drift stays out of the A/B), then a device-time profile of each."""
-    default = cuda_ops.STAGINGS
-    try:
-        for _ in range(2):
-            for text in args.ab_stagings:
-                cuda_ops.STAGINGS = cuda_ops.parse_stagings(text)
-                row = decode(model, 1, args.new_tokens, 512) | {"variant": f"stagings {text}"}
-                p["decode"].append(row)
-                save()
-                print(f"[{profile}] decode C=1 (stagings {text}): {row['tok_s']:.1f} tok/s", flush=True)
-        for text in args.ab_stagings:
-            cuda_ops.STAGINGS = cuda_ops.parse_stagings(text)
-            decode(model, 1, 8, 512, profile_to=args.out / f"decode_profile_stagings_{text.replace(',', '+')}.txt")
-    finally:
-        cuda_ops.STAGINGS = default
-
-
 def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> None:
     """Decode rows into p["decode"]: every concurrency for every profile; for the first also a long
     context, MTP (real and forced acceptance) and the decode profiles (device time)."""
@@ -413,6 +393,7 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
     # each concurrency with cuda_ops' setting as it is and flipped, back to back (adjacent runs: the
     # machine's drift over the run stays out of the A/B)
     flips = [("pipeline", "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []
+    flips += [("fused norm", "FUSED_NORM", not cuda_ops.FUSED_NORM)] if args.ab_fused_norm else []
     for label, name, other in flips:
         default = getattr(cuda_ops, name)
         try:
@@ -425,22 +406,12 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
                     print(f"[{profile}] decode C={c} ({label} {value}): {row['tok_s']:.1f} tok/s", flush=True)
         finally:
             setattr(cuda_ops, name, default)
-    stagings_ab(model, profile, p, args, save)
     decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
     if model.has_mtp and not args.no_mtp:  # a speculative step's device and host time: head drafts and observe, verify
         decode(model, 1, 8, 512, draft_tokens=3, forced=True, profile_to=args.out / "decode_profile_mtp.txt")
     if max(args.concurrency) > 1:  # and at the largest concurrency: what grows with the batch
         c = max(args.concurrency)
         decode(model, c, 8, 512, profile_to=args.out / f"decode_profile_c{c}.txt")
-
-
-def _stagings_text(text: str) -> str:
-    """argparse's check of an --ab-stagings value (cuda_ops.parse_stagings refuses it by name)."""
-    try:
-        cuda_ops.parse_stagings(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
 
 
 def main() -> None:
@@ -460,9 +431,8 @@ def main() -> None:
     parser.add_argument("--no-mtp", action="store_true", help="skip the speculative (MTP) figures")
     parser.add_argument("--ab-pipeline", choices=cuda_ops.PIPELINE_NAMES, default=None,
                         help="also decode each concurrency with the NVFP4 GEMV's weights streamed this way (an A/B)")
-    parser.add_argument("--ab-stagings", nargs="+", default=[], type=_stagings_text, metavar="KINDS",
-                        help="also decode C = 1 with each of these sets of one-row stagings (all, none, or a "
-                             f"comma list of {', '.join(cuda_ops.STAGING_KINDS)})")
+    parser.add_argument("--ab-fused-norm", action="store_true",
+                        help="also decode each concurrency with the one-row layer norms fused into the GEMVs and not")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
@@ -491,7 +461,7 @@ def main() -> None:
         p = results["profiles"][profile] = {
             "build_s": time.perf_counter() - t0, "weights_GiB": weights / 2**30, "read_GiB": read_bytes / 2**30,
             "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / read_bytes, "gemv_pipeline": cuda_ops.PIPELINE,
-            "stagings": sorted(cuda_ops.STAGINGS),
+            "fused_norm": cuda_ops.FUSED_NORM,
             "prefill": [], "decode": []}
         p["kv_capacity"] = kv_capacity(model, entry, config, weights, device)
         save()

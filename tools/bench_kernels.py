@@ -390,22 +390,16 @@ def mlp_chain(device: str) -> list[dict]:
             g, u = (gemv(h, [(*w[name], s2)])[0] for name in ("gate", "up"))
         gemv(act.clone() if small_ops == "copy" else silu_mul(g, u) if small_ops else act, [(*w["down"], s2)])
 
-    def engine_block(w, stagings: str):
+    def engine_block(w, staged: bool):
         """The engine's one-row MLP block (block columns, PDL): x + residual and its norm, gate and up,
-        SiLU-mul, down; the norm and the SiLU-mul in kernels of their own or staged by the GEMV after them
-        (cuda_ops.STAGINGS' kinds add_norm, silu_mul)."""
-        kinds = cuda_ops.parse_stagings(stagings)
+        SiLU-mul, down; the norm in a kernel of its own or staged by gate and up's launch (cuda_ops.FUSED_NORM)."""
         gate_up = [(*w["gate"], s2), (*w["up"], s2)]
-        if "add_norm" in kinds:
+        if staged:
             _, _, (g, u) = cuda_ops.nvfp4_norm_gemv_group(x, residual, norm_w, 1e-6, 1.0, gate_up)
         else:
             _, h = norms.add_rms_norm(x, residual, norm_w, 1e-6, 1.0)
             g, u = cuda_ops.nvfp4_gemv_group(h, gate_up, tiled=True, pdl=True, pipeline="ring-block-columns")
-        if "silu_mul" in kinds:
-            cuda_ops.nvfp4_silu_mul_gemv(g, u, (*w["down"], s2))
-        else:
-            cuda_ops.nvfp4_gemv_group(silu_mul(g, u), [(*w["down"], s2)], tiled=True, pdl=True,
-                                      pipeline="ring-block-columns")
+        cuda_ops.nvfp4_gemv_group(silu_mul(g, u), [(*w["down"], s2)], tiled=True, pdl=True, pipeline="ring-block-columns")
 
     def reads(w, mode="flat"):
         for name in ("gate", "up", "down"):
@@ -426,8 +420,8 @@ def mlp_chain(device: str) -> list[dict]:
                 "block columns GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="ring-block-columns"),
                 **{f"block columns {a}x{b}": lambda w, s=(a, b): block(w, True, True, s, pipeline="ring-block-columns")
                    for a, b in ((16, 2), (8, 4), (4, 2))},
-                **{f"engine block, stagings {kinds}": lambda w, kinds=kinds: engine_block(w, kinds)
-                   for kinds in ("none", "add_norm", "silu_mul", "all")},
+                "engine block, norm apart": lambda w: engine_block(w, False),
+                "engine block, norm staged": lambda w: engine_block(w, True),
                 "bulk grouped": lambda w: block(w, True, False, pipeline="bulk"),
                 "bulk GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="bulk"),
                 "bulk glu+pdl": lambda w: block(w, True, True, pipeline="bulk", glu=True),

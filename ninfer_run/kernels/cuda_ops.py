@@ -8,9 +8,7 @@ callers keep their Triton kernels. NINFER_CUDA_KERNELS=0 turns the extension off
   nvfp4_gemv   decode GEMV, NVFP4 weights x bf16 rows (M <= 16) -> bf16: csrc/quant_gemv_sm90.cu; reads
                the row-major codes or (the engine's) tile_nvfp4's layout; its reference is
                nvfp4_linear.reference. nvfp4_gemv_group: up to 3 weights of one x in one launch;
-               nvfp4_norm_gemv_group: the same for one row that the launch first adds and RMS-normalizes;
-               nvfp4_gated_norm_gemv: one weight after the Gated DeltaNet output norm, staged by the launch;
-               nvfp4_silu_mul_gemv: one weight after SwiGLU's SiLU(gate) * up, likewise.
+               nvfp4_norm_gemv_group: the same for one row that the launch first adds and RMS-normalizes.
   int4_gemv    the same for int4 group-128 weights (symmetric or with zero points), row-major or (the
                engine's) tile_int4's layout; its reference is int_linear.reference. int4_gemv_group likewise.
 Both launch as programmatic dependents (PDL; NINFER_PDL=0 turns it off): each block streams its first
@@ -236,43 +234,24 @@ def _nvfp4_operands(weights: list[tuple], device: torch.device) -> tuple[list, l
             [g.reshape(1).to(device=device, dtype=torch.float32) for _, _, g in weights])
 
 
-# What, at one row, the GEMV stages itself instead of the kernel before it: "add_norm" (the layer norms:
-# nvfp4_norm_gemv_group), "gated_norm" (the GDN output norm: nvfp4_gated_norm_gemv), "silu_mul" (SwiGLU's
-# SiLU-mul: nvfp4_silu_mul_gemv). NINFER_STAGINGS: "all", "none" or a comma list of them. Read at each call:
-# tools/bench.py --ab-stagings sets it.
-STAGING_KINDS = ("add_norm", "gated_norm", "silu_mul")
-
-
-def parse_stagings(text: str) -> frozenset[str]:
-    """"all", "none" or a comma list of STAGING_KINDS -> that set; anything else is refused by name."""
-    if text.strip() in ("all", "none"):
-        return frozenset(STAGING_KINDS if text.strip() == "all" else ())
-    kinds = frozenset(kind.strip() for kind in text.split(","))
-    if not kinds <= set(STAGING_KINDS):
-        raise ValueError(f"stagings {text!r}: expected 'all', 'none' or a comma list of {', '.join(STAGING_KINDS)}")
-    return kinds
-
-
-STAGINGS = parse_stagings(os.environ.get("NINFER_STAGINGS", "all"))
-
-
-def _stages_one_row(kind: str, x: torch.Tensor, weights: list[tuple], static_bytes_per_warp: int = 512) -> bool:
-    """Whether a one-row launch of tiled NVFP4 weights can stage its x itself: `kind` in STAGINGS, one bf16
-    row of K % 128 == 0, the ring-block-columns pipeline, and x (with the zeros after it) beside the kernel's
-    static shared memory (the warps' partial sums, 512 B a warp; stage_add_norm's sums 4 B more) within the
-    48 KB a block gets (csrc launch_persistent)."""
-    m, k = x.shape
-    n = sum(q.shape[0] * 16 for q, _, _ in weights)
-    if not (kind in STAGINGS and m == 1 and pipeline_for() == "ring-block-columns" and gemv_fits(x, n)):
-        return False
-    warps, _ = gemv_shape(n, k, x.device)
-    return 2 * k + 64 + static_bytes_per_warp * warps <= 48 * 1024
+# Whether a one-row layer norm is staged by the GEMV after it (nvfp4_norm_gemv_group; NINFER_FUSED_NORM=0:
+# a norm kernel, then the GEMV). Read at each call: tools/bench.py --ab-fused-norm flips it. (The GDN
+# output norm and SwiGLU's SiLU-mul were staged so too, and lost on the H200: C = 1 145.6 and 133.9 tok/s
+# against 149.2 with neither; gpu_notes stop 24.)
+FUSED_NORM = os.environ.get("NINFER_FUSED_NORM", "1") != "0"
 
 
 def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Tensor) -> bool:
-    """Whether nvfp4_norm_gemv_group takes this: a bf16 norm weight of K, and _stages_one_row."""
-    return (norm_weight.dtype == torch.bfloat16 and norm_weight.numel() == x.shape[-1]
-            and _stages_one_row("add_norm", x, weights, 516))
+    """Whether nvfp4_norm_gemv_group takes this: FUSED_NORM, one bf16 row of K % 128 == 0 and a bf16 norm
+    weight of K, tiled NVFP4 weights in the ring-block-columns pipeline, x (and the zeros after it), the
+    partial and the warps' sums within the 48 KB of shared memory a block gets (csrc launch_persistent)."""
+    m, k = x.shape
+    n = sum(q.shape[0] * 16 for q, _, _ in weights)
+    if not (FUSED_NORM and m == 1 and norm_weight.dtype == torch.bfloat16 and norm_weight.numel() == k
+            and pipeline_for() == "ring-block-columns" and gemv_fits(x, n)):
+        return False
+    warps, _ = gemv_shape(n, k, x.device)
+    return 2 * k + 64 + 516 * warps <= 48 * 1024
 
 
 def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -292,51 +271,6 @@ def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_w
         s if residual is not None else None, y, float(eps), float(offset), *_nvfp4_operands(weights, x.device), ys,
         *shape, pdl))
     return s, y, ys
-
-
-def gated_norm_gemv_fits(x: torch.Tensor, weight: tuple, norm_weight: torch.Tensor) -> bool:
-    """Whether nvfp4_gated_norm_gemv takes this: heads of the bf16 norm weight's length (a power of 2 from 8
-    to 256 that divides K), and _stages_one_row."""
-    d = norm_weight.numel()
-    return (norm_weight.dtype == torch.bfloat16 and 8 <= d <= 256 and d & (d - 1) == 0 and x.shape[-1] % d == 0
-            and _stages_one_row("gated_norm", x, [weight]))
-
-
-def nvfp4_gated_norm_gemv(x: torch.Tensor, gate: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: tuple,
-                          normed: bool = False, shape: tuple[int, int] | None = None,
-                          pdl: bool = PDL) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """One row x [1, K] of heads of norm_weight's length and its gate [1, K] -> (the row y =
-    layers.gated_rms_norm(x, gate, norm_weight, eps) if `normed` else None, y @ W^T) in one ring-block-columns
-    launch of a tiled NVFP4 weight (qweight, block_scale, global_scale): each block stages y itself, as the
-    reference rounds it (to float32 rounding: its sums of squares may associate differently)."""
-    n, k = weight[0].shape[0] * 16, x.shape[1]
-    (out,) = _outputs(x, [n])
-    y = torch.empty_like(x) if normed else None
-    shape = shape or gemv_shape(n, k, x.device)
-    _raise_refusal(torch.ops.ninfer.nvfp4_gated_norm_gemv(
-        x.contiguous(), gate.contiguous(), norm_weight.contiguous(), y, float(eps), norm_weight.numel(),
-        *_nvfp4_operands([weight], x.device), [out], *shape, pdl))
-    return y, out
-
-
-def silu_mul_gemv_fits(gate: torch.Tensor, weight: tuple) -> bool:
-    """Whether nvfp4_silu_mul_gemv takes this: _stages_one_row with the gate as x."""
-    return _stages_one_row("silu_mul", gate, [weight])
-
-
-def nvfp4_silu_mul_gemv(gate: torch.Tensor, up: torch.Tensor, weight: tuple, product: bool = False,
-                        shape: tuple[int, int] | None = None,
-                        pdl: bool = PDL) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """One row gate, up [1, K] -> (y = layers.silu_mul(gate, up) if `product` else None, y @ W^T) in one
-    ring-block-columns launch of a tiled NVFP4 weight (qweight, block_scale, global_scale): each block
-    stages y itself, rounded as the reference rounds it (SiLU to float32 rounding)."""
-    n, k = weight[0].shape[0] * 16, gate.shape[1]
-    (out,) = _outputs(gate, [n])
-    y = torch.empty_like(gate) if product else None
-    shape = shape or gemv_shape(n, k, gate.device)
-    _raise_refusal(torch.ops.ninfer.nvfp4_silu_mul_gemv(gate.contiguous(), up.contiguous(), y,
-                                                        *_nvfp4_operands([weight], gate.device), [out], *shape, pdl))
-    return y, out
 
 
 def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int] | None = None) -> torch.Tensor:

@@ -107,39 +107,6 @@ class QuantizedLinear:
         return (s.view(x.shape), y.view(x.shape) if y is not None else None,
                 [out.reshape(*x.shape[:-1], w.shape[0]) for out, w in zip(ys, weights)])
 
-    def apply_after_gated_norm(self, x: torch.Tensor, gate: torch.Tensor, norm_weight: torch.Tensor,
-                               eps: float) -> torch.Tensor | None:
-        """layers.gated_rms_norm_linear as one launch: x and gate [1, heads, head_dim] -> [1, N], where the
-        one-row NVFP4 GEMV stages the norm itself (cuda_ops.gated_norm_gemv_fits), else None."""
-        x2 = self._one_row(x, gate)
-        if x2 is None:
-            return None
-        parts = self._nvfp4_parts()
-        if not cuda_ops.gated_norm_gemv_fits(x2, parts, norm_weight):
-            return None
-        return cuda_ops.nvfp4_gated_norm_gemv(x2, gate.reshape(x2.shape), norm_weight, eps, parts)[1]
-
-    def apply_after_silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
-        """layers.silu_mul_linear as one launch: gate and up [1, K] -> [1, N], where the one-row NVFP4 GEMV
-        stages SiLU(gate) * up itself (cuda_ops.silu_mul_gemv_fits), else None."""
-        gate2 = self._one_row(gate, up)
-        if gate2 is None:
-            return None
-        parts = self._nvfp4_parts()
-        if not cuda_ops.silu_mul_gemv_fits(gate2, parts):
-            return None
-        out = cuda_ops.nvfp4_silu_mul_gemv(gate2, up.reshape(gate2.shape), parts)[1]
-        return out.view(*gate.shape[:-1], self.shape[0])
-
-    def _one_row(self, x: torch.Tensor, beside: torch.Tensor) -> torch.Tensor | None:
-        """x as the one bf16 row [1, K] this weight's NVFP4 CUDA GEMV reads, where it is one and `beside` (what a
-        staging reads with it) has its shape and dtype; else None."""
-        k = self.shape[1]
-        if (not x.is_cuda or x.numel() != k or beside.shape != x.shape or x.dtype != torch.bfloat16
-                or beside.dtype != x.dtype or self._cuda_gemv(x.reshape(1, k)) != "nvfp4"):
-            return None
-        return x.reshape(1, k)
-
     def _nvfp4_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qweight, block_scale, global_scale), as cuda_ops' NVFP4 GEMVs take a weight."""
         return self.parts["qweight"], self.parts["block_scale"], self.parts["global_scale"]

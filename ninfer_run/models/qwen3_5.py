@@ -18,7 +18,7 @@ from ..layers import (
     add_rms_norm,
     add_rms_norm_linear_group,
     add_rms_norm_swiglu_mlp,
-    gated_rms_norm_linear,
+    gated_rms_norm,
     linear,
     linear_group,
     qk_norm_rope,
@@ -128,8 +128,8 @@ class Model(CausalLM):
             out = self._gdn_decode_batch(i, qkv, g, beta, [state for state, _ in segments])
         else:
             out = per_sequence(segments, lambda state, *rows: self._gdn_sequence(i, *rows, state), qkv, g, beta)
-        return x, gated_rms_norm_linear(out.to(h.dtype), z, self._p(p + "norm.weight"), c.eps,
-                                        self._p(p + "out_proj.weight"))
+        o = gated_rms_norm(out.to(h.dtype), z, self._p(p + "norm.weight"), c.eps)
+        return x, linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
 
     def _split_heads(self, conv: torch.Tensor):
         c = self.cfg

@@ -376,15 +376,3 @@ def test_pipeline_choice_and_glu_refusal(monkeypatch):
     with pytest.raises(ValueError, match="bulk pipeline"):
         cuda_ops.nvfp4_gemv_group(x[:1], [weight], tiled=True, pipeline="bulk", glu=True)  # one weight
     assert cuda_ops.bulk_shape(5120) == (8, 4) and cuda_ops.bulk_shape(256) == (4, 8)
-
-
-def test_stagings_are_parsed_by_name():
-    """NINFER_STAGINGS: "all", "none" or a comma list of the one-row stagings; a misspelt kind is refused
-    by name rather than silently staging nothing."""
-    from ninfer_run.kernels import cuda_ops
-
-    assert cuda_ops.parse_stagings("all") == set(cuda_ops.STAGING_KINDS)
-    assert cuda_ops.parse_stagings("none") == set()
-    assert cuda_ops.parse_stagings("add_norm, silu_mul") == {"add_norm", "silu_mul"}
-    with pytest.raises(ValueError, match="add_nrom"):
-        cuda_ops.parse_stagings("add_nrom")

@@ -83,7 +83,7 @@ void check_launch(const char* op, int err, int64_t warps, int64_t depth) {
 // tiled: q and scale in cuda_ops.tile_nvfp4's layout (the same bytes, each 16-row x 128-K tile contiguous)
 void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
                      int64_t warps, int64_t depth, bool tiled, bool pdl, int64_t pipeline, bool glu,
-                     const NinferStaging& staging = {}) {
+                     const NinferAddNorm* norm = nullptr) {
   require(scale.size() == q.size() && s2.size() == q.size(), "nvfp4_gemv: as many scales as weights");
   std::vector<int> n;
   for (const at::Tensor& t : q) {
@@ -110,7 +110,7 @@ void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale
   check_launch("nvfp4_gemv",
                ninfer_nvfp4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), s2p.data(),
                                       n.data(), yp.data(), M, K, warps, depth, tiled, pdl, static_cast<int>(pipeline), glu,
-                                      &staging, c10::cuda::getCurrentCUDAStream()),
+                                      norm, c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
@@ -160,19 +160,15 @@ std::string nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList sca
   return guarded([&] { nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, tiled, pdl, pipeline, glu); });
 }
 
-// What the one-row stagings take of x's companions (and of x): bf16 on CUDA, contiguous, numel values,
-// 16-byte aligned (the stagers read and write them as uint4).
-bool aligned_bf16(const at::Tensor& t, int64_t numel) {
-  return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == numel &&
-         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
 // One row x [1, K] (bf16) and what NinferAddNorm takes: residual and the outputs [1, K] bf16 as x, weight
 // bf16 [K]; the outputs apart from x and residual (other blocks still read those while block 0 writes).
 void check_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
                 const std::optional<at::Tensor>& sum_out, const std::optional<at::Tensor>& normed_out) {
   require(x.dim() == 2 && x.size(0) == 1, "nvfp4_norm_gemv: one row x [1, K]");
-  const auto like_x = [&x](const at::Tensor& t) { return aligned_bf16(t, x.numel()); };
+  const auto like_x = [&x](const at::Tensor& t) {
+    return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == x.numel() &&
+           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
   require(like_x(weight), "nvfp4_norm_gemv: weight bf16 [K], contiguous, 16-byte aligned");
   for (const auto* t : {&residual, &sum_out, &normed_out})
     require(!t->has_value() || like_x(**t), "nvfp4_norm_gemv: residual and outputs bf16 [1, K] as x, 16-byte aligned");
@@ -191,50 +187,7 @@ std::string nvfp4_norm_gemv(const at::Tensor& x, const std::optional<at::Tensor>
     const auto pointer = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; };
     const NinferAddNorm norm{pointer(residual), weight.data_ptr(), pointer(sum_out), pointer(normed_out),
                              static_cast<float>(eps), static_cast<float>(offset)};
-    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false, {&norm, nullptr, nullptr});
-  });
-}
-
-// One row x [1, K] of heads of head_dim values, the gate as x, the weight bf16 [head_dim], normed_out as x
-// and apart from x and the gate (what NinferGatedNorm takes).
-void check_gated_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight,
-                      const std::optional<at::Tensor>& normed_out, int64_t head_dim) {
-  require(x.dim() == 2 && x.size(0) == 1, "nvfp4_gated_norm_gemv: one row x [1, K]");
-  require(head_dim >= 8 && head_dim <= 256 && (head_dim & (head_dim - 1)) == 0 && x.size(1) % head_dim == 0,
-          "nvfp4_gated_norm_gemv: head_dim a power of 2 from 8 to 256 that divides K");
-  require(aligned_bf16(gate, x.numel()), "nvfp4_gated_norm_gemv: gate bf16 [1, K] as x, 16-byte aligned");
-  require(aligned_bf16(weight, head_dim), "nvfp4_gated_norm_gemv: weight bf16 [head_dim], contiguous, 16-byte aligned");
-  require(!normed_out.has_value() || (aligned_bf16(*normed_out, x.numel()) && normed_out->data_ptr() != x.data_ptr() &&
-                                      normed_out->data_ptr() != gate.data_ptr()),
-          "nvfp4_gated_norm_gemv: normed_out bf16 [1, K] as x, 16-byte aligned, not x or the gate");
-}
-
-std::string nvfp4_gated_norm_gemv(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight,
-                                  const std::optional<at::Tensor>& normed_out, double eps, int64_t head_dim,
-                                  at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y,
-                                  int64_t warps, int64_t depth, bool pdl) {
-  return guarded([&] {
-    check_gated_norm(x, gate, weight, normed_out, head_dim);
-    const NinferGatedNorm norm{gate.data_ptr(), weight.data_ptr(), normed_out.has_value() ? normed_out->data_ptr() : nullptr,
-                               static_cast<float>(eps), static_cast<int>(head_dim)};
-    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false, {nullptr, &norm, nullptr});
-  });
-}
-
-// The gate [1, K] (bf16) and up and product_out as it; product_out apart from both (NinferSiluMul).
-std::string nvfp4_silu_mul_gemv(const at::Tensor& gate, const at::Tensor& up, const std::optional<at::Tensor>& product_out,
-                                at::TensorList q, at::TensorList scale, at::TensorList s2, at::TensorList y, int64_t warps,
-                                int64_t depth, bool pdl) {
-  return guarded([&] {
-    require(gate.dim() == 2 && gate.size(0) == 1, "nvfp4_silu_mul_gemv: one row gate [1, K]");
-    const auto like_gate = [&gate](const at::Tensor& t) { return aligned_bf16(t, gate.numel()); };
-    require(like_gate(up), "nvfp4_silu_mul_gemv: up bf16 [1, K] as the gate, 16-byte aligned");
-    require(!product_out.has_value() || (like_gate(*product_out) && product_out->data_ptr() != gate.data_ptr() &&
-                                         product_out->data_ptr() != up.data_ptr()),
-            "nvfp4_silu_mul_gemv: product_out bf16 [1, K] as the gate, 16-byte aligned, not the gate or up");
-    const NinferSiluMul silu_mul{up.data_ptr(), product_out.has_value() ? product_out->data_ptr() : nullptr};
-    nvfp4_gemv_body(gate, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false,
-                    {nullptr, nullptr, &silu_mul});
+    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false, &norm);
   });
 }
 
@@ -247,9 +200,7 @@ std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scal
 }  // namespace
 
 // nvfp4_norm_gemv: nvfp4_gemv of one row in the ring-block-columns pipeline (tiled) with x first normalized
-// as NinferAddNorm says (x + residual, its RMSNorm), the sum and the normed row written where given;
-// nvfp4_gated_norm_gemv likewise with x the Gated DeltaNet output norm of x and the gate (NinferGatedNorm), and
-// nvfp4_silu_mul_gemv with x SiLU(gate) * up (NinferSiluMul).
+// as NinferAddNorm says (x + residual, its RMSNorm), the sum and the normed row written where given.
 // One launch for 1 to 3 weights that read the same x, each into its own y [M, N] -> "" or why not (guarded);
 // glu (NVFP4, tiled, the bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
@@ -261,10 +212,6 @@ TORCH_LIBRARY(ninfer, m) {
   m.def("nvfp4_norm_gemv(Tensor x, Tensor? residual, Tensor weight, Tensor(b!)? sum_out, Tensor(c!)? normed_out, "
         "float eps, float offset, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
         "bool pdl) -> str");
-  m.def("nvfp4_gated_norm_gemv(Tensor x, Tensor gate, Tensor weight, Tensor(b!)? normed_out, float eps, int head_dim, "
-        "Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, bool pdl) -> str");
-  m.def("nvfp4_silu_mul_gemv(Tensor gate, Tensor up, Tensor(b!)? product_out, Tensor[] q, Tensor[] scale, Tensor[] s2, "
-        "Tensor(a!)[] y, int warps, int depth, bool pdl) -> str");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
         "bool tiled, bool pdl, int pipeline) -> str");
 }
@@ -272,7 +219,5 @@ TORCH_LIBRARY(ninfer, m) {
 TORCH_LIBRARY_IMPL(ninfer, CUDA, m) {
   m.impl("nvfp4_gemv", &nvfp4_gemv);
   m.impl("nvfp4_norm_gemv", &nvfp4_norm_gemv);
-  m.impl("nvfp4_gated_norm_gemv", &nvfp4_gated_norm_gemv);
-  m.impl("nvfp4_silu_mul_gemv", &nvfp4_silu_mul_gemv);
   m.impl("int4_gemv", &int4_gemv);
 }

@@ -509,8 +509,6 @@ __device__ __forceinline__ float add_squares(float squares, const uint4& v) {
   return squares;
 }
 
-__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }  // as torch's, in float32
-
 // The 64 zero bytes after a staged row that Nvfp4Columns' idle lanes read.
 __device__ __forceinline__ void zeros_after(uint4* staged, int K) {
   if (threadIdx.x < 4) staged[K / 8 + threadIdx.x] = make_uint4(0, 0, 0, 0);
@@ -570,67 +568,7 @@ __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat1
   zeros_after(staged, K);
 }
 
-// Nvfp4Columns' staging of the GDN output norm (NinferGatedNorm): each head's head_dim values of x
-// RMS-normalized, rounded, times the weight (rounded: both bf16), times SiLU(gate) in float32, rounded
-// once (layers.gated_rms_norm_reference), staged times 2^100. A head's head_dim / 8 uint4 are one aligned
-// lane group (a power of 2 up to a warp), whose sum of squares shuffles within the group; every lane
-// takes part in the shuffles (a row's end leaves whole groups idle, never part of one).
-template <int kWarps>
-__device__ __forceinline__ void stage_gated_norm(uint4* staged, const __nv_bfloat16* __restrict__ x,
-                                                 const NinferGatedNorm& norm, int K) {
-  const uint4* rows = reinterpret_cast<const uint4*>(x);
-  const uint4* gate = static_cast<const uint4*>(norm.gate);
-  const uint4* weight = static_cast<const uint4*>(norm.weight);
-  const int lanes = norm.head_dim / 8;
-  const bool writer = blockIdx.x == 0;
-  for (int first = 0; first < K / 8; first += kWarps * 32) {
-    const int i = first + threadIdx.x;
-    const bool in_row = i < K / 8;
-    const uint4 v = in_row ? __ldg(rows + i) : make_uint4(0, 0, 0, 0);
-    float squares = add_squares(0.f, v);
-#pragma unroll
-    for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) {
-      const float other = __shfl_xor_sync(0xFFFFFFFFu, squares, lane_mask);
-      if (lane_mask < lanes) squares += other;
-    }
-    if (!in_row) continue;
-    const float rstd = rsqrtf(squares / norm.head_dim + norm.eps);
-    const uint4 weighted = each_word(v, __ldg(weight + i % lanes), [rstd](uint32_t a, uint32_t w) {
-      const float2 fa = bf16x2_float(a), fw = bf16x2_float(w);
-      const float2 normed = bf16x2_float(float2_bf16x2(__fmul_rn(fa.x, rstd), __fmul_rn(fa.y, rstd)));  // rounded
-      return float2_bf16x2(__fmul_rn(fw.x, normed.x), __fmul_rn(fw.y, normed.y));
-    });
-    const uint4 y = each_word(weighted, __ldg(gate + i), [](uint32_t a, uint32_t g) {
-      const float2 fa = bf16x2_float(a), fg = bf16x2_float(g);
-      return float2_bf16x2(__fmul_rn(fa.x, silu(fg.x)), __fmul_rn(fa.y, silu(fg.y)));
-    });
-    if (writer && norm.normed_out != nullptr) static_cast<uint4*>(norm.normed_out)[i] = y;
-    staged[i] = times_2_to_100(y);
-  }
-  zeros_after(staged, K);
-}
-
-// Nvfp4Columns' staging of the SwiGLU activation (NinferSiluMul; x is the gate): SiLU in float32, rounded,
-// times up, rounded (layers.silu_mul_reference, kernels/activations.py), staged times 2^100.
-template <int kWarps>
-__device__ __forceinline__ void stage_silu_mul(uint4* staged, const __nv_bfloat16* __restrict__ gate,
-                                               const NinferSiluMul& silu_mul, int K) {
-  const uint4* gates = reinterpret_cast<const uint4*>(gate);
-  const uint4* up = static_cast<const uint4*>(silu_mul.up);
-  const bool writer = blockIdx.x == 0;
-  for (int i = threadIdx.x; i < K / 8; i += kWarps * 32) {
-    const uint4 y = each_word(__ldg(gates + i), __ldg(up + i), [](uint32_t g, uint32_t u) {
-      const float2 fg = bf16x2_float(g), fu = bf16x2_float(u);
-      const float2 activated = bf16x2_float(float2_bf16x2(silu(fg.x), silu(fg.y)));  // rounded, as torch's
-      return float2_bf16x2(__fmul_rn(activated.x, fu.x), __fmul_rn(activated.y, fu.y));
-    });
-    if (writer && silu_mul.product_out != nullptr) static_cast<uint4*>(silu_mul.product_out)[i] = y;
-    staged[i] = times_2_to_100(y);
-  }
-  zeros_after(staged, K);
-}
-
-struct PlainX {};  // a launch that stages x as it is (the others: NinferAddNorm, NinferGatedNorm, NinferSiluMul)
+struct PlainX {};  // a launch that stages x as it is (the other: NinferAddNorm)
 
 // Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (ring-staged-x, the
 // engine's pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
@@ -672,10 +610,6 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
     if constexpr (Codec::kBlockColumns) {  // x * 2^100, then 64 zero bytes
       if constexpr (std::is_same_v<Stage, NinferAddNorm>) {
         stage_add_norm<kWarps>(x_staged, x, stage, K);
-      } else if constexpr (std::is_same_v<Stage, NinferGatedNorm>) {
-        stage_gated_norm<kWarps>(x_staged, x, stage, K);
-      } else if constexpr (std::is_same_v<Stage, NinferSiluMul>) {
-        stage_silu_mul<kWarps>(x_staged, x, stage, K);
       } else {
         for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32)
           x_staged[i] = i < K / 8 ? times_2_to_100(__ldg(rows + i)) : make_uint4(0, 0, 0, 0);
@@ -740,7 +674,7 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
 
 // One strip (16 rows) a block; Nvfp4Columns' grid is persistent instead (as many blocks as fit at once,
 // launch_ring): block b takes strips b, b + grid, ..., its x staged once.
-// stage: how Nvfp4Columns stages x (PlainX, or NinferStaging's kinds; the other codecs take PlainX).
+// stage: how Nvfp4Columns stages x (PlainX, or NinferAddNorm; the other codecs take PlainX).
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, class Stage = PlainX>
 __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
                                           int M, int K, const Stage& stage = {}) {
@@ -768,11 +702,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_capped
   gemv_body<Codec, false, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K);
 }
 
-// Nvfp4Columns with x staged through what comes before the GEMV (Stage: NinferAddNorm, NinferGatedNorm,
-// NinferSiluMul), gemv_capped's bounds: the staging a parameter of this kernel alone, and each its own
-// kernel, so the plain one's loop keeps its schedule. (As a member of Parts the norm moved every kernel's M
-// and K, and ptxas scheduled the plain block-columns loop differently: 20.8 against 18.8 us a launch in the
-// engine on the H200, 7% of C = 1, stop 23.)
+// Nvfp4Columns with x staged through the layer norm before the GEMV (Stage: NinferAddNorm), gemv_capped's
+// bounds: the norm a parameter of this kernel alone, so the plain one's loop keeps its schedule. (As a
+// member of Parts the norm moved every kernel's M and K, and ptxas scheduled the plain block-columns loop
+// differently: 20.8 against 18.8 us a launch in the engine on the H200, 7% of C = 1, stop 23.) The GDN
+// output norm and SwiGLU's SiLU-mul were staged so too, and lost (stop 24): their SiLU, computed again in
+// every block (320 blocks of out_proj or down), cost more than the launch it saved.
 template <class Stage, int kWarps, int kDepth>
 __global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_staged(const __nv_bfloat16* __restrict__ x,
                                                       const Parts<Nvfp4::Args> parts, int M, int K, const Stage stage) {
@@ -944,7 +879,7 @@ constexpr auto low_rows_kernel() {
 }
 
 // A one-row block-columns launch: as many blocks as fit at once (gemv_body walks the strips), x_bytes staged.
-// stage: how x is staged (PlainX, or one of NinferStaging's kinds: gemv_staged).
+// stage: how x is staged (PlainX, or NinferAddNorm: gemv_staged).
 template <int kWarps, int kDepth, class Stage = PlainX>
 cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<Nvfp4::Args>& parts, int blocks, int K,
                               int x_bytes, bool pdl, cudaStream_t stream, const Stage& stage = {}) {
@@ -977,7 +912,7 @@ cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<Nvfp4::Args>& 
 
 template <class Codec, int kWarps, int kDepth, bool kTiled>
 cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
-                        int pipeline, const NinferStaging& staging, cudaStream_t stream) {
+                        int pipeline, const NinferAddNorm* norm, cudaStream_t stream) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   // x and the kernel's static partial sums within the 48 KB a block gets without an opt-in (o_proj's
   // K = 6144 at M = 4 is exactly 48 KB of x: that launch failed until the partials were counted)
@@ -985,17 +920,11 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
   if constexpr (kTiled && std::is_same_v<Codec, Nvfp4Tiled>) {
     const int x_bytes = K * 2 + 64;  // x and the zeros Nvfp4Columns' idle lanes read
     if (pipeline == kRingBlockColumns && M == 1 && x_bytes + kPartialBytes <= kDefaultSharedBytes) {
-      if (staging.add_norm != nullptr)
-        return launch_persistent<kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream, *staging.add_norm);
-      if (staging.gated_norm != nullptr)
-        return launch_persistent<kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream, *staging.gated_norm);
-      if (staging.silu_mul != nullptr)
-        return launch_persistent<kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream, *staging.silu_mul);
+      if (norm != nullptr) return launch_persistent<kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream, *norm);
       return launch_persistent<kWarps, kDepth>(xb, parts, blocks, K, x_bytes, pdl, stream);
     }
   }
-  if (staging.add_norm != nullptr || staging.gated_norm != nullptr || staging.silu_mul != nullptr)
-    return cudaErrorInvalidValue;  // Nvfp4Columns' only
+  if (norm != nullptr) return cudaErrorInvalidValue;  // Nvfp4Columns' only
   if constexpr (kTiled) {
     const bool staged = pipeline == kRingStagedX || pipeline == kRingBlockColumns;
     if (staged && M <= 8 && M * K * 2 + kPartialBytes <= kDefaultSharedBytes) {
@@ -1039,18 +968,18 @@ cudaError_t dispatch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int bl
 }
 
 // The ring's (warps, depth) in {4, 8, 16} x {2, 4}; every part's N % 16 == 0, blocks = their sum / 16.
-// staging: what the one-row block-columns launch stages in place of x (NinferStaging).
+// norm (nullptr: none): the layer norm the one-row block-columns launch stages x through.
 template <class Codec, bool kTiled>
 cudaError_t dispatch_ring(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K,
-                          int warps, int depth, bool pdl, int pipeline, const NinferStaging& staging,
+                          int warps, int depth, bool pdl, int pipeline, const NinferAddNorm* norm,
                           cudaStream_t stream) {
   switch (warps * 10 + depth) {
-    case 42: return launch_ring<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, staging, stream);
-    case 44: return launch_ring<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, staging, stream);
-    case 82: return launch_ring<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, staging, stream);
-    case 84: return launch_ring<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, staging, stream);
-    case 162: return launch_ring<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, staging, stream);
-    case 164: return launch_ring<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, staging, stream);
+    case 42: return launch_ring<Codec, 4, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
+    case 44: return launch_ring<Codec, 4, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
+    case 82: return launch_ring<Codec, 8, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
+    case 84: return launch_ring<Codec, 8, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
+    case 162: return launch_ring<Codec, 16, 2, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
+    case 164: return launch_ring<Codec, 16, 4, kTiled>(x, parts, blocks, M, K, pdl, pipeline, norm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -1079,18 +1008,12 @@ int make_parts(Parts<Args>& parts, int count, const void* const* q, const Args* 
 // The launchers ops.cpp calls (quant_gemv_sm90.h says what they take).
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
-                           int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferStaging* staging,
+                           int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
                            cudaStream_t stream) {
   using ninfer_sm90::Nvfp4;
-  const NinferStaging stage = staging != nullptr ? *staging : NinferStaging{};
-  const int stagings = (stage.add_norm != nullptr) + (stage.gated_norm != nullptr) + (stage.silu_mul != nullptr);
-  const NinferGatedNorm* gated = stage.gated_norm;
   if (count < 1 || count > ninfer_sm90::kMaxParts ||
       (glu && (count != 2 || n[0] != n[1] || !tiled || pipeline != ninfer_sm90::kBulk)) ||
-      (stagings > 0 && (stagings > 1 || !tiled || M != 1 || pipeline != ninfer_sm90::kRingBlockColumns)) ||
-      (stage.add_norm != nullptr && stage.add_norm->weight == nullptr) ||
-      (gated != nullptr && (gated->head_dim < 8 || gated->head_dim > 256 || (gated->head_dim & (gated->head_dim - 1)) != 0 ||
-                            K % gated->head_dim != 0)))
+      (norm != nullptr && (!tiled || M != 1 || pipeline != ninfer_sm90::kRingBlockColumns || norm->weight == nullptr)))
     return static_cast<int>(cudaErrorInvalidValue);
   Nvfp4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p) args[p] = {static_cast<const uint8_t*>(scale[p]), s2[p]};
@@ -1103,10 +1026,10 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
                 : ninfer_sm90::dispatch_bulk<false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
   else if (tiled)
     err = ninfer_sm90::dispatch_ring<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
-                                                                     stage, stream);
+                                                                     norm, stream);
   else
     err = pipeline != ninfer_sm90::kRing ? cudaErrorInvalidValue
-          : ninfer_sm90::dispatch_ring<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, {}, stream);
+          : ninfer_sm90::dispatch_ring<Nvfp4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, nullptr, stream);
   return static_cast<int>(err);
 }
 
@@ -1125,6 +1048,6 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, count, n);
   return static_cast<int>(
       tiled ? ninfer_sm90::dispatch_ring<ninfer_sm90::Int4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
-                                                                       {}, stream)
-            : ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, {}, stream));
+                                                                       nullptr, stream)
+            : ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, nullptr, stream));
 }

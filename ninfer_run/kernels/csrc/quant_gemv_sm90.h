@@ -22,40 +22,14 @@ struct NinferAddNorm {
   float eps, offset;
 };
 
-// The Gated DeltaNet output norm a one-token ring-block-columns launch applies to x as it stages it (Qwen3.5's
-// out_proj reads it): x is heads of head_dim values, each RMS-normalized (plain weight), times SiLU(gate),
-// rounded as layers.gated_rms_norm_reference rounds. Block 0 also writes the normed row where asked.
-struct NinferGatedNorm {
-  const void* gate;    // bf16 [K]
-  const void* weight;  // bf16 [head_dim]
-  void* normed_out;    // bf16 [K]: the row the GEMV read; nullptr: not written
-  float eps;
-  int head_dim;        // a power of 2, 8 to 256, dividing K
-};
-
-// The SwiGLU activation a one-token ring-block-columns launch applies to x (the gate) as it stages it (the
-// down projection reads it): SiLU(gate) rounded, times up, rounded (layers.silu_mul_reference). Block 0
-// also writes the product where asked.
-struct NinferSiluMul {
-  const void* up;     // bf16 [K]
-  void* product_out;  // bf16 [K]: the row the GEMV read; nullptr: not written
-};
-
-// What a one-token ring-block-columns launch stages in place of x: at most one of these (all nullptr: x).
-struct NinferStaging {
-  const NinferAddNorm* add_norm;
-  const NinferGatedNorm* gated_norm;
-  const NinferSiluMul* silu_mul;
-};
-
 // `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the launch's CUDA error code
 // (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a pipeline the layout has
 // not: staged x is the tiled layouts', bulk copies the tiled NVFP4 layout's). glu (the bulk pipeline): two
-// weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N]. staging (nullptr: none): see
-// NinferStaging; tiled NVFP4, M = 1, the ring-block-columns pipeline only.
+// weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N]. norm (nullptr: none): see
+// NinferAddNorm; tiled NVFP4, M = 1, the ring-block-columns pipeline only.
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
-                           int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferStaging* staging,
+                           int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
                            cudaStream_t stream);
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
