@@ -321,20 +321,25 @@ def _gdn_in_place(hk, hv, d, g, beta, state, device, on_gpu: bool):
 FLOOR_SWEEP = ([("flat", 1, d, b) for d in (2, 4, 8) for b in (2, 4, 8)]
                + [("split", w, d, 0) for w, d in ((4, 2), (8, 2), (8, 4), (8, 8), (16, 4))]
                + [("persist", w, d, b) for w, d in ((4, 8), (8, 4), (8, 8)) for b in (1, 2, 4)])
+# --floor-l2: the layouts the engine's GEMVs take (split at the GEMV's 4 blocks a SM; persist, the
+# block-columns grid) and flat, each without and with the L2::256B prefetch-size hint ("+l2")
+FLOOR_L2_SWEEP = [(mode + hint, w, d, b) for mode, w, d, b in (("flat", 1, 4, 4), ("split:4", 8, 2, 0),
+                                                                ("split", 8, 2, 0), ("persist", 8, 2, 4))
+                  for hint in ("", "+l2")]
+FLOOR_LINEARS = ("mlp.gate_proj", "mlp.down_proj", "attn.q_proj", "gdn.in_proj_z", "attn.k_proj")
 
 
-def floor_sweep(device: str) -> list[dict]:
+def floor_sweep(device: str, sweep=FLOOR_SWEEP, linears=FLOOR_LINEARS) -> list[dict]:
     """The GEMV's loads alone in each work layout of tools/csrc/gemv_read_floor.cu (flat: a plain read of
     the same bytes), on the largest and smallest linears: which layout a memory-bound GEMV should take."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     floor = _read_floor()
     rows = []
-    for name, n, k, _layers in [s for s in LINEARS if s[0] in ("mlp.gate_proj", "mlp.down_proj", "attn.q_proj",
-                                                                "gdn.in_proj_z", "attn.k_proj")]:
+    for name, n, k, _layers in [s for s in LINEARS if s[0] in linears]:
         nbytes = n * k // 2 + n * k // 16
         tiled = [cuda_ops.tile_nvfp4(q, s) for q, s, _ in _copies(lambda: _nvfp4_weight(n, k, device), nbytes)]
         sink = torch.empty(max(n // 16, 8 * sms) * 16 * 32, dtype=torch.int32, device=device)
-        for mode, warps, depth, per_sm in FLOOR_SWEEP:
+        for mode, warps, depth, per_sm in sweep:
             grid = per_sm * sms
             us = 1000 * _bench(_rotating(lambda w: floor(w[0], w[1], sink, n, k, mode, warps, depth, grid), tiled))
             rows.append({"linear": name, "N": n, "K": k, "mode": mode, "warps": warps, "depth": depth,
@@ -510,6 +515,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, checks only (works on a CPU)")
     parser.add_argument("--gemv-only", action="store_true", help="only the decode GEMVs (a quick kernel iteration)")
     parser.add_argument("--floor-sweep", action="store_true", help="only the GEMV's loads in each work layout")
+    parser.add_argument("--floor-l2", action="store_true",
+                        help="only the GEMV's loads in the engine's layouts, without and with the L2::256B hint")
     parser.add_argument("--chain", action="store_true", help="only the MLP block in a CUDA graph, each launch way")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
@@ -520,8 +527,9 @@ def main() -> None:
     ceil = ceilings() if gpu else {}
     if ceil:
         results["ceilings"] = ceil
-    if args.floor_sweep:
-        return _report(args.out, "bench_gemv_floor_h200", "floor_sweep", floor_sweep(device), ceil,
+    if args.floor_sweep or args.floor_l2:
+        rows = floor_sweep(device, FLOOR_L2_SWEEP, FLOOR_LINEARS[:2]) if args.floor_l2 else floor_sweep(device)
+        return _report(args.out, "bench_gemv_floor_h200", "floor_sweep", rows, ceil,
                        lambda r: f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} "
                                  f"{r['blocks_per_sm']}/SM {r['us']:6.1f} us")
     if args.chain:

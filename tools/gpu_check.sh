@@ -13,7 +13,8 @@
 #           with x staged) disassembled: gemv_sass.txt, gemv_columns_sass.txt and their instruction counts
 #           by opcode (what the arithmetic costs per tile)
 # JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [kernels] [bench] [sass]
-# Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; BENCH_ARGS are passed
+# Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; FLOOR_ARGS="--floor-l2" narrows
+# the floor stage to the engine's layouts without and with the L2::256B hint; BENCH_ARGS are passed
 # to bench.py (e.g. "--profiles nvfp4 --profile-prefill 32768"), TESTS_ARGS to pytest (e.g. "tests/kernels"; split
 # on spaces, so a -k expression goes in PYTEST_ADDOPTS="-k 'norm or captured'", which pytest parses itself).
 set -uo pipefail
@@ -37,7 +38,7 @@ for stage in $stages; do
                [ "${PIPESTATUS[0]}" = 124 ] && echo "tests: stopped at TESTS_S=${TESTS_S:-300} s: $(grep -E '^[.FEsxX]+' "$OUT/pytest_gpu.log" | tail -1)" ;;
         quant) timeout ${QUANT_S:-120} python3 tools/bench_quant.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_quant.log" ;;
         gemv) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gemv-only --out "$OUT" 2>&1 | tee "$OUT/bench_gemv.log" | grep gemv | cut -c1-220 ;;
-        floor) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --floor-sweep --out "$OUT" 2>&1 | tee "$OUT/bench_floor.log" | grep floor ;;
+        floor) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py ${FLOOR_ARGS:---floor-sweep} --out "$OUT" 2>&1 | tee "$OUT/bench_floor.log" | grep floor ;;
         chain) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --chain --out "$OUT" 2>&1 | tee "$OUT/bench_chain.log" | grep chain ;;
         kernels) timeout ${KERNELS_S:-300} python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
         bench) # the GPU's clocks, temperature, power and throttle reasons every 2 s beside it (prefill is

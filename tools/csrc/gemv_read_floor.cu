@@ -8,16 +8,23 @@
 //   flat      a plain grid-stride read of the same bytes, 16 B per lane, kDepth loads in flight per
 //             lane: what a read of this size can reach on this GPU.
 // A layout's time over flat's is what the layout costs; the GEMV's over its layout's is the arithmetic.
+// A mode ending "+l2" loads with the L2::256B prefetch-size hint (each miss fetches the 256-byte sector
+// group around it: does asking DRAM for larger pieces raise what these layouts stream?).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cstdint>
 
 namespace {
 
+template <bool kL2Hint>
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  if constexpr (kL2Hint)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 
@@ -28,17 +35,18 @@ struct Tiles {
   const uint8_t* q;
   const uint8_t* s;
   int tiles;  // K tiles per row tile
+  template <bool kL2Hint>
   __device__ void load(uint4& lo, uint4& hi, uint32_t& sc, int rt, int kt, int lane) const {
     const size_t t = (size_t)rt * tiles + kt;
-    lo = load_stream(q + t * 1024 + 16 * lane);
-    hi = load_stream(q + t * 1024 + 512 + 16 * lane);
+    lo = load_stream<kL2Hint>(q + t * 1024 + 16 * lane);
+    hi = load_stream<kL2Hint>(q + t * 1024 + 512 + 16 * lane);
     sc = *reinterpret_cast<const uint32_t*>(s + t * 128 + 4 * lane);
   }
 };
 
 // split (row_step = 0: one row tile per block) and persist (row tiles blockIdx.x + i * gridDim.x):
 // warp w's step j is row tile j / per_row, K tile w + (j % per_row) * kWarps.
-template <int kWarps, int kDepth>
+template <int kWarps, int kDepth, bool kL2Hint>
 __global__ void __launch_bounds__(kWarps * 32) read_tiles(Tiles t, uint32_t* __restrict__ out, int row_tiles,
                                                           bool persist) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -56,7 +64,7 @@ __global__ void __launch_bounds__(kWarps * 32) read_tiles(Tiles t, uint32_t* __r
 #pragma unroll
   for (int i = 0; i < kDepth; ++i) {
     int rt, kt;
-    if (i < steps && tile_of(i, rt, kt)) t.load(lo[i], hi[i], sc[i], rt, kt, lane);
+    if (i < steps && tile_of(i, rt, kt)) t.template load<kL2Hint>(lo[i], hi[i], sc[i], rt, kt, lane);
     else lo[i] = hi[i] = make_uint4(0, 0, 0, 0), sc[i] = 0;
   }
   for (int st = 0; st < steps; st += kDepth) {
@@ -64,38 +72,38 @@ __global__ void __launch_bounds__(kWarps * 32) read_tiles(Tiles t, uint32_t* __r
     for (int i = 0; i < kDepth; ++i) {
       acc ^= fold(lo[i]) ^ fold(hi[i]) ^ sc[i];
       int rt, kt;
-      if (st + i + kDepth < steps && tile_of(st + i + kDepth, rt, kt)) t.load(lo[i], hi[i], sc[i], rt, kt, lane);
+      if (st + i + kDepth < steps && tile_of(st + i + kDepth, rt, kt)) t.template load<kL2Hint>(lo[i], hi[i], sc[i], rt, kt, lane);
       else lo[i] = hi[i] = make_uint4(0, 0, 0, 0), sc[i] = 0;
     }
   }
   out[(size_t)blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }
 
-template <int kDepth>
+template <int kDepth, bool kL2Hint>
 __device__ __forceinline__ uint32_t read_range(const uint4* __restrict__ p, size_t n) {
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   uint32_t acc = 0;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += kDepth * stride) {
     uint4 v[kDepth];
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) v[d] = i + d * stride < n ? load_stream(p + i + d * stride) : make_uint4(0, 0, 0, 0);
+    for (int d = 0; d < kDepth; ++d) v[d] = i + d * stride < n ? load_stream<kL2Hint>(p + i + d * stride) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) acc ^= fold(v[d]);
   }
   return acc;
 }
 
-template <int kDepth>
+template <int kDepth, bool kL2Hint>
 __global__ void __launch_bounds__(256) read_flat(const uint4* __restrict__ a, size_t na, const uint4* __restrict__ b,
                                                  size_t nb, uint32_t* __restrict__ out) {
-  out[(size_t)blockIdx.x * blockDim.x + threadIdx.x] = read_range<kDepth>(a, na) ^ read_range<kDepth>(b, nb);
+  out[(size_t)blockIdx.x * blockDim.x + threadIdx.x] = read_range<kDepth, kL2Hint>(a, na) ^ read_range<kDepth, kL2Hint>(b, nb);
 }
 
 // per_sm > 0: at most that many blocks a SM, by asking for an unused share of shared memory (the GEMV's
 // registers allow it 4 blocks of 8 warps: are its loads as fast at its occupancy?).
-template <int kWarps, int kDepth>
+template <int kWarps, int kDepth, bool kL2Hint>
 void launch_tiles(const Tiles& t, uint32_t* out, int row_tiles, int grid, int per_sm, cudaStream_t stream) {
-  auto* kernel = read_tiles<kWarps, kDepth>;
+  auto* kernel = read_tiles<kWarps, kDepth, kL2Hint>;
   size_t shared = 0;
   if (per_sm > 0) {
     int device = 0, per_sm_bytes = 0;
@@ -111,8 +119,9 @@ void launch_tiles(const Tiles& t, uint32_t* out, int row_tiles, int grid, int pe
 
 // q, s: cuda_ops.tile_nvfp4's codes and scales of an n x k weight; out: int32, one per thread.
 // mode "split" / "persist" (grid blocks) take warps x depth; "flat" takes depth and grid (256 threads).
-void read_floor(torch::Tensor q, torch::Tensor s, torch::Tensor out, int64_t n, int64_t k, std::string mode,
-                int64_t warps, int64_t depth, int64_t grid) {
+template <bool kL2Hint>
+void read_floor_as(torch::Tensor q, torch::Tensor s, torch::Tensor out, int64_t n, int64_t k, const std::string& mode,
+                   int64_t warps, int64_t depth, int64_t grid) {
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* sink = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
   const int row_tiles = n / 16;
@@ -122,9 +131,9 @@ void read_floor(torch::Tensor q, torch::Tensor s, torch::Tensor out, int64_t n, 
     const auto* b = reinterpret_cast<const uint4*>(s.data_ptr<uint8_t>());
     const size_t na = q.numel() / 16, nb = s.numel() / 16;
     switch (depth) {
-      case 2: read_flat<2><<<grid, 256, 0, stream>>>(a, na, b, nb, sink); break;
-      case 4: read_flat<4><<<grid, 256, 0, stream>>>(a, na, b, nb, sink); break;
-      case 8: read_flat<8><<<grid, 256, 0, stream>>>(a, na, b, nb, sink); break;
+      case 2: read_flat<2, kL2Hint><<<grid, 256, 0, stream>>>(a, na, b, nb, sink); break;
+      case 4: read_flat<4, kL2Hint><<<grid, 256, 0, stream>>>(a, na, b, nb, sink); break;
+      case 8: read_flat<8, kL2Hint><<<grid, 256, 0, stream>>>(a, na, b, nb, sink); break;
       default: TORCH_CHECK(false, "flat depth not built: ", depth);
     }
   } else {
@@ -135,16 +144,25 @@ void read_floor(torch::Tensor q, torch::Tensor s, torch::Tensor out, int64_t n, 
     TORCH_CHECK(out.numel() >= (blocks ? blocks : row_tiles) * warps * 32, "out too small");
     const Tiles t{q.data_ptr<uint8_t>(), s.data_ptr<uint8_t>(), static_cast<int>(k / 128)};
     switch (warps * 10 + depth) {
-      case 42: launch_tiles<4, 2>(t, sink, row_tiles, blocks, per_sm, stream); break;
-      case 44: launch_tiles<4, 4>(t, sink, row_tiles, blocks, per_sm, stream); break;
-      case 48: launch_tiles<4, 8>(t, sink, row_tiles, blocks, per_sm, stream); break;
-      case 82: launch_tiles<8, 2>(t, sink, row_tiles, blocks, per_sm, stream); break;
-      case 84: launch_tiles<8, 4>(t, sink, row_tiles, blocks, per_sm, stream); break;
-      case 88: launch_tiles<8, 8>(t, sink, row_tiles, blocks, per_sm, stream); break;
-      case 162: launch_tiles<16, 2>(t, sink, row_tiles, blocks, per_sm, stream); break;
-      case 164: launch_tiles<16, 4>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 42: launch_tiles<4, 2, kL2Hint>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 44: launch_tiles<4, 4, kL2Hint>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 48: launch_tiles<4, 8, kL2Hint>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 82: launch_tiles<8, 2, kL2Hint>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 84: launch_tiles<8, 4, kL2Hint>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 88: launch_tiles<8, 8, kL2Hint>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 162: launch_tiles<16, 2, kL2Hint>(t, sink, row_tiles, blocks, per_sm, stream); break;
+      case 164: launch_tiles<16, 4, kL2Hint>(t, sink, row_tiles, blocks, per_sm, stream); break;
       default: TORCH_CHECK(false, "shape not built: ", warps, "x", depth);
     }
   }
   TORCH_CHECK(cudaGetLastError() == cudaSuccess, "read_floor launch failed");
+}
+
+// mode "...+l2": the same with the L2::256B hint on every load.
+void read_floor(torch::Tensor q, torch::Tensor s, torch::Tensor out, int64_t n, int64_t k, std::string mode,
+                int64_t warps, int64_t depth, int64_t grid) {
+  const std::string suffix = "+l2";
+  const bool hint = mode.size() > suffix.size() && mode.compare(mode.size() - suffix.size(), suffix.size(), suffix) == 0;
+  if (hint) read_floor_as<true>(q, s, out, n, k, mode.substr(0, mode.size() - suffix.size()), warps, depth, grid);
+  else read_floor_as<false>(q, s, out, n, k, mode, warps, depth, grid);
 }
