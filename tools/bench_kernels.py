@@ -140,7 +140,8 @@ def linears(device: str, dtype, shapes, ceil: dict, time_it: bool) -> list[dict]
                     row["nvfp4_shapes_us"] = {
                         f"{pipe} {w}x{d}": 1000 * _bench(_rotating(
                             lambda q, s=(w, d), p=pipe: cuda_ops.nvfp4_gemv(x, *q, shape=s, tiled_n=n, pipeline=p), tiled))
-                        for pipe, shapes in (("ring", cuda_ops.GEMV_SHAPES), ("bulk", cuda_ops.BULK_SHAPES))
+                        for pipe, shapes in (("ring", cuda_ops.GEMV_SHAPES), ("bulk", cuda_ops.BULK_SHAPES),
+                                             ("bulk-block-columns", cuda_ops.BULK_SHAPES if m == 1 else ()))
                         for w, d in sorted(shapes) if w <= k // 128}
                     row["nvfp4_ms"] = _bench(_rotating(lambda w: cuda_ops.nvfp4_gemv(x, *w, tiled_n=n), tiled))
                     if m == 1:  # the same loads without the arithmetic, at the default shape
@@ -356,7 +357,8 @@ def mlp_chain(device: str) -> list[dict]:
     weights in one CUDA graph, as the engine's decode graphs replay it (M = 1), launched each way: the
     three GEMVs apart, gate and up as one launch (grouped), and grouped as programmatic dependent launches
     (pdl), without the norm and SiLU-mul kernels between (GEMVs alone), with x staged in shared memory
-    (ring-staged-x), with each NVFP4 block an MMA column (ring-block-columns, M = 1), and the bulk pipeline in each of its shapes and with gate, up and
+    (ring-staged-x), with each NVFP4 block an MMA column (ring-block-columns, M = 1; bulk-block-columns: the
+    same arithmetic over the bulk pipeline's slots), and the bulk pipeline in each of its shapes and with gate, up and
     SiLU-mul as one launch (glu); beside it a flat read of the
     same weight bytes, one launch per weight (tools/csrc/gemv_read_floor.cu), in the same graph form:
     what a chain of memory-bound launches can reach; and the GEMV's own loads alone (its blocks, warps and
@@ -427,6 +429,11 @@ def mlp_chain(device: str) -> list[dict]:
                    for a, b in ((16, 2), (8, 4), (4, 2))},
                 "engine block, norm apart": lambda w: engine_block(w, False),
                 "engine block, norm staged": lambda w: engine_block(w, True),
+                "bulk block columns GEMVs alone": lambda w: block(w, True, True, small_ops=False,
+                                                                  pipeline="bulk-block-columns"),
+                "grouped+pdl bulk block columns": lambda w: block(w, True, True, pipeline="bulk-block-columns"),
+                **{f"bulk block columns {a}x{b}": lambda w, s=(a, b): block(w, True, True, s, pipeline="bulk-block-columns")
+                   for a, b in ((8, 2), (8, 8))},
                 "bulk grouped": lambda w: block(w, True, False, pipeline="bulk"),
                 "bulk GEMVs alone": lambda w: block(w, True, True, small_ops=False, pipeline="bulk"),
                 "bulk glu+pdl": lambda w: block(w, True, True, pipeline="bulk", glu=True),

@@ -171,10 +171,12 @@ PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependen
 # shared memory with bulk asynchronous copies; gate, up and SiLU-mul can share its launch),
 # "ring-block-columns" (at M = 1 the staged ring with each NVFP4 block an MMA column, so the block scales
 # multiply fp32 sums, 4 a tile, not the codes, 32, and a persistent grid that stages x once a block:
-# csrc Nvfp4Columns; other rows as ring-staged-x), or "auto": ring-block-columns (adjacent engine runs on
+# csrc Nvfp4Columns; other rows as ring-staged-x), "bulk-block-columns" (at M = 1 the bulk pipeline's
+# streaming with Nvfp4Columns' arithmetic, one strip a block, x staged by each; other rows as bulk; stop 24,
+# not yet measured), or "auto": ring-block-columns (adjacent engine runs on
 # the H200: C = 1 147.4 vs ring-staged-x's 140.9 tok/s, gpu_notes stop 21; ring-staged-x had beaten bulk +
 # GLU at C = 1 by 2-3% and the ring at C = 2 and 4 by 3%, stop 18). The row-major layout has the ring only.
-PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2, "ring-block-columns": 3}
+PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2, "ring-block-columns": 3, "bulk-block-columns": 4}
 PIPELINE_NAMES = (*PIPELINES, "auto")
 PIPELINE = os.environ.get("NINFER_GEMV_PIPELINE", "auto")
 if PIPELINE not in PIPELINE_NAMES:
@@ -196,7 +198,7 @@ def bulk_shape(k: int) -> tuple[int, int]:
 
 def nvfp4_shape(pipeline: str, n: int, k: int, device: torch.device) -> tuple[int, int]:
     """The shape a resolved pipeline launches an N x K (total) NVFP4 GEMV with by default."""
-    return bulk_shape(k) if pipeline == "bulk" else gemv_shape(n, k, device)
+    return bulk_shape(k) if pipeline in ("bulk", "bulk-block-columns") else gemv_shape(n, k, device)
 
 
 def nvfp4_gemv(x: torch.Tensor, qweight, block_scale, global_scale, shape: tuple[int, int] | None = None,

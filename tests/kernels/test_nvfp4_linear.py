@@ -193,13 +193,15 @@ def test_cuda_gemv_with_x_staged_in_shared_memory_matches_reference(m, n, kk):
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 # (1, 5120, 17408): the down projection, x and its zeros 34 KB; (1, 16, 128): one tile, 7 of 8 warps idle;
-# (2, ...), (8, ...): more rows than one, the staged ring instead
+# (2, ...), (8, ...): more rows than one, the staged ring (bulk-block-columns: bulk) instead; 2432: 19 K
+# tiles, a partial last slot of the bulk pipeline's 8 or 4
 @pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (1, 17408, 5120), (1, 1040, 2432), (1, 16, 128),
                                     (2, 1040, 5120), (8, 1024, 2048)])
 def test_cuda_gemv_with_block_columns_matches_reference(m, n, kk):
-    """csrc's Nvfp4Columns (ring-block-columns): each NVFP4 block an MMA column, its scale applied to the
-    fp32 sum. The codes' full range (0.5: a bf16 subnormal in the MMA), zero, negative and subnormal scales,
-    x of 1e-12 to 1e4 (staged times 2^100, which must stay exact)."""
+    """csrc's Nvfp4Columns (ring-block-columns, and bulk-block-columns: the same arithmetic over the bulk
+    pipeline's slots): each NVFP4 block an MMA column, its scale applied to the fp32 sum. The codes' full
+    range (0.5: a bf16 subnormal in the MMA), zero, negative and subnormal scales, x of 1e-12 to 1e4 (staged
+    times 2^100, which must stay exact)."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
@@ -211,9 +213,11 @@ def test_cuda_gemv_with_block_columns_matches_reference(m, n, kk):
         for magnitude in (1.0, 1e-12, 1e4):
             xm = (x * magnitude).to(DEVICE, DTYPE)
             ref = k.reference(xm, q, scales, s2)
-            for shape in sorted(cuda_ops.GEMV_SHAPES):
-                (out,) = cuda_ops.nvfp4_gemv_group(xm, tiled, shape, tiled=True, pipeline="ring-block-columns")
-                assert rounded_once(out, ref), (magnitude, shape)
+            for pipeline, shapes in (("ring-block-columns", cuda_ops.GEMV_SHAPES),
+                                     ("bulk-block-columns", cuda_ops.BULK_SHAPES)):
+                for shape in sorted(shapes):
+                    (out,) = cuda_ops.nvfp4_gemv_group(xm, tiled, shape, tiled=True, pipeline=pipeline)
+                    assert rounded_once(out, ref), (pipeline, magnitude, shape)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
@@ -298,7 +302,7 @@ def test_cuda_norm_gemv_refuses_what_it_cannot_stage():
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 @pytest.mark.parametrize("pipeline,rows", [("ring", 1), ("ring-staged-x", 1), ("bulk", 1), ("ring-block-columns", 1),
-                                           ("ring-staged-x", 4)])
+                                           ("bulk-block-columns", 1), ("ring-staged-x", 4)])
 def test_cuda_gemv_waits_for_the_kernel_that_writes_its_x(pipeline, rows):
     """A GEMV launched as a programmatic dependent starts while the kernel before it runs (the norm lets
     it: kernels/common.launch_dependents) and streams weights; it must read x only after that kernel's

@@ -376,3 +376,7 @@ def test_pipeline_choice_and_glu_refusal(monkeypatch):
     with pytest.raises(ValueError, match="bulk pipeline"):
         cuda_ops.nvfp4_gemv_group(x[:1], [weight], tiled=True, pipeline="bulk", glu=True)  # one weight
     assert cuda_ops.bulk_shape(5120) == (8, 4) and cuda_ops.bulk_shape(256) == (4, 8)
+    # bulk-block-columns launches in the bulk pipeline's shapes, and has no gate+up+SiLU-mul launch
+    assert cuda_ops.nvfp4_shape("bulk-block-columns", 64, 5120, x.device) == (8, 4)
+    with pytest.raises(ValueError, match="bulk pipeline"):
+        cuda_ops.nvfp4_gemv_group(x, [weight, weight], tiled=True, pipeline="bulk-block-columns", glu=True)

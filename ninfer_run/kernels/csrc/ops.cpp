@@ -204,8 +204,8 @@ std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scal
 // One launch for 1 to 3 weights that read the same x, each into its own y [M, N] -> "" or why not (guarded);
 // glu (NVFP4, tiled, the bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
-// its weights (quant_gemv_sm90.cu's Pipeline: 0 register ring, 1 ring with x staged in shared memory,
-// 2 bulk copies through shared memory; 1 for the tiled layouts only, 2 for tiled NVFP4 only).
+// its weights (quant_gemv_sm90.h's Pipeline: the staged and block-columns ones for the tiled layouts only,
+// the bulk ones for tiled NVFP4 only).
 TORCH_LIBRARY(ninfer, m) {
   m.def("nvfp4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
         "bool tiled, bool pdl, int pipeline, bool glu) -> str");

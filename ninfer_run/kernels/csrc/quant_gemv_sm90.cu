@@ -759,6 +759,34 @@ constexpr int bulk_shared_bytes() { return kStages * kWarps * kTileBytes; }
 // SiLU(gate) * up (write_rows): the SwiGLU MLP's activation needs no kernel of its own. (In the register
 // ring the same split measured slower: its warps' weight pointers leave the uniform registers, 70
 // registers, 3 blocks per SM instead of 4.)
+// The bulk pipelines' producer (one lane): the block's strip of kWeights weights (parts part, part + 1),
+// chunk by chunk (kWarps / kWeights K tiles of each), into kStages slots of codes then scales (a slot's
+// tile w is consumer warp w's); a refill first waits for the consumers to free its slot.
+template <int kWarps, int kStages, int kWeights>
+__device__ __forceinline__ void produce_chunks(uint8_t* slots, uint64_t* full, uint64_t* empty,
+                                               const Parts<Nvfp4::Args>& parts, int part, int block, int tiles) {
+  constexpr int kCodes = kWarps * 1024, kSplit = kWarps / kWeights;
+  const int chunks = (tiles + kSplit - 1) / kSplit;
+  const uint8_t* codes[kWeights];
+  const uint8_t* scales[kWeights];
+#pragma unroll
+  for (int p = 0; p < kWeights; ++p) {
+    codes[p] = pick(parts.q, part + p) + (size_t)block * tiles * 1024;
+    scales[p] = pick(parts.args, part + p).scale + (size_t)block * tiles * 128;
+  }
+  for (int j = 0; j < chunks; ++j) {
+    const int slot = j % kStages, n = min(kSplit, tiles - j * kSplit);
+    if (j >= kStages) barrier_wait(&empty[slot], (j / kStages - 1) & 1);
+    barrier_expect_bytes(&full[slot], kWeights * n * kTileBytes);
+#pragma unroll
+    for (int p = 0; p < kWeights; ++p) {
+      const int at = slot * kWarps + p * kSplit;  // the slot's first tile of weight p
+      bulk_copy(slots + at * 1024, codes[p] + (size_t)j * kSplit * 1024, n * 1024, &full[slot]);
+      bulk_copy(slots + kStages * kCodes + at * 128, scales[p] + (size_t)j * kSplit * 128, n * 128, &full[slot]);
+    }
+  }
+}
+
 template <bool kHighTokens, int kWarps, int kStages, bool kGlu>
 __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps == 8 ? 3 : 5)) gemv_bulk(const __nv_bfloat16* __restrict__ x,
                                                                const Parts<Nvfp4::Args> parts, int M, int K) {
@@ -780,27 +808,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   const int part = kGlu ? 0 : part_of(parts, blockIdx.x);
   const int block = blockIdx.x - (kGlu ? 0 : pick(parts.first_block, part));  // within the part
   if (warp == kWarps) {  // the producer: weights only, which no kernel writes, so no griddepcontrol.wait
-    if (lane == 0) {
-      constexpr int kWeights = kGlu ? 2 : 1;
-      const uint8_t* codes[kWeights];
-      const uint8_t* scales[kWeights];
-#pragma unroll
-      for (int p = 0; p < kWeights; ++p) {
-        codes[p] = pick(parts.q, part + p) + (size_t)block * tiles * 1024;
-        scales[p] = pick(parts.args, part + p).scale + (size_t)block * tiles * 128;
-      }
-      for (int j = 0; j < chunks; ++j) {
-        const int slot = j % kStages, n = min(kSplit, tiles - j * kSplit);
-        if (j >= kStages) barrier_wait(&empty[slot], (j / kStages - 1) & 1);
-        barrier_expect_bytes(&full[slot], kWeights * n * kTileBytes);
-#pragma unroll
-        for (int p = 0; p < kWeights; ++p) {
-          const int at = slot * kWarps + p * kSplit;  // the slot's first tile of weight p
-          bulk_copy(slots + at * 1024, codes[p] + (size_t)j * kSplit * 1024, n * 1024, &full[slot]);
-          bulk_copy(slots + kStages * kCodes + at * 128, scales[p] + (size_t)j * kSplit * 128, n * 128, &full[slot]);
-        }
-      }
-    }
+    if (lane == 0) produce_chunks<kWarps, kStages, kGlu ? 2 : 1>(slots, full, empty, parts, part, block, tiles);
     return;
   }
   const int kw = kGlu ? warp % kSplit : warp;  // the first K tile of this warp's weight it takes
@@ -851,6 +859,74 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   store_partial<kHighTokens>(partial[warp], d, lane);
   asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");  // the consumers (the producer has left)
   if (warp == 0) write_rows<Nvfp4Tiled, kHighTokens, kWarps, kGlu>(partial, parts, blockIdx.x, block * 16, M, lane);
+}
+
+// One token in the bulk pipeline with Nvfp4Columns' arithmetic (pipeline bulk-block-columns): the producer
+// streams each block's strip as gemv_bulk's does, so the bytes in flight cost shared memory, not registers
+// (the ring holds kDepth tiles a warp in registers, 64 of them at its 4 blocks a SM); the consumers stage x
+// once (times 2^100, then the 64 zero bytes: after the slots) and take each tile as ring-block-columns'
+// loop does (133 SASS instructions a tile against the row form's 165). One strip a block.
+template <int kWarps, int kStages>
+__global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_bulk_columns(
+    const __nv_bfloat16* __restrict__ x, const Parts<Nvfp4::Args> parts, int M, int K) {
+  constexpr int kCodes = kWarps * 1024, kScales = kWarps * 128;  // a slot's bytes
+  extern __shared__ __align__(128) uint8_t slots[];              // codes, scales [kStages][...], then x
+  __shared__ uint64_t full[kStages], empty[kStages];
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tiles = K / kTileK, chunks = (tiles + kWarps - 1) / kWarps;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], kWarps * 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int part = part_of(parts, blockIdx.x);
+  const int block = blockIdx.x - pick(parts.first_block, part);
+  if (warp == kWarps) {
+    if (lane == 0) produce_chunks<kWarps, kStages, 1>(slots, full, empty, parts, part, block, tiles);
+    return;
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
+  uint4* x_staged = reinterpret_cast<uint4*>(slots + kStages * (kCodes + kScales));
+  const uint4* rows = reinterpret_cast<const uint4*>(x);
+  for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32)
+    x_staged[i] = i < K / 8 ? times_2_to_100(__ldg(rows + i)) : make_uint4(0, 0, 0, 0);
+  asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");  // the consumers (the producer has left)
+  // Lane g = 2c reads its group's 32 values of x of each tile, the others the zeros (see Nvfp4Columns).
+  const int g = lane >> 2, c = lane & 3;
+  const uint32_t x_step = g == 2 * c ? 2 * kTileK * kWarps : 0;  // bytes from a chunk's tile to the next's
+  uint32_t x_next = shared_address(x_staged) + (g == 2 * c ? 64 * c + 2 * kTileK * warp : 2 * K);
+  const uint8_t* codes = slots + warp * 1024 + 16 * lane;  // slot 0's, this lane's
+  const uint8_t* scales = slots + kStages * kCodes + warp * 128 + 4 * lane;
+  float d[2][2][4] = {};
+  for (int j0 = 0; j0 < chunks; j0 += kStages) {
+    const uint32_t parity = (j0 / kStages) & 1;
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) {
+      if (j0 + i >= chunks) break;
+      barrier_wait(&full[i], parity);
+      const uint4 wg = *reinterpret_cast<const uint4*>(codes + i * kCodes);
+      const uint4 wh = *reinterpret_cast<const uint4*>(codes + i * kCodes + 512);
+      const uint32_t both = *reinterpret_cast<const uint32_t*>(scales + i * kScales);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (as gemv_bulk's: reads before refill)
+      barrier_arrive(&empty[i]);
+      if ((j0 + i) * kWarps + warp < tiles) {  // (a partial last chunk)
+        uint4 xl[4], none[4];
+        load_shared(xl[0], xl[1], x_next);
+        load_shared(xl[2], xl[3], x_next + 32);
+        Nvfp4Columns::tile<false>(d, wg, wh, {both}, {}, xl, none);
+      }
+      x_next += x_step;
+    }
+  }
+  Nvfp4Columns::finish(d);
+  __shared__ float partial[kWarps][1][4][32];
+  store_partial<false>(partial[warp], d, lane);
+  asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");
+  if (warp == 0) write_rows<Nvfp4Columns, false, kWarps, false>(partial, parts, blockIdx.x, block * 16, M, lane);
 }
 
 constexpr int kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a kernel gets without an opt-in
@@ -952,6 +1028,27 @@ cudaError_t launch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int bloc
   return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, M, K);
 }
 
+// A bulk-block-columns launch (one row): the slots, then x and its 64 zero bytes, past the default 48 KB by
+// opting in once a kernel to what a block can have; refused where they exceed it.
+template <int kWarps, int kStages>
+cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int K, bool pdl,
+                                cudaStream_t stream) {
+  auto* kernel = gemv_bulk_columns<kWarps, kStages>;
+  static const int most_bytes = [kernel] {
+    int device = 0, optin = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    cudaFuncAttributes attributes{};
+    cudaFuncGetAttributes(&attributes, kernel);
+    const int most = optin - static_cast<int>(attributes.sharedSizeBytes);
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most) == cudaSuccess ? most : 0;
+  }();
+  const int shared = bulk_shared_bytes<kWarps, kStages>() + K * 2 + 64;
+  if (shared > most_bytes) return cudaErrorInvalidValue;
+  Launch l(blocks, (kWarps + 1) * 32, shared, pdl, stream);
+  return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, 1, K);
+}
+
 // The bulk pipeline's (consumer warps, slots) in {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}; blocks: the
 // parts' N / 16 (glu: one part's).
 template <bool kGlu>
@@ -963,6 +1060,19 @@ cudaError_t dispatch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int bl
     case 82: return launch_bulk<8, 2, kGlu>(x, parts, blocks, M, K, pdl, stream);
     case 84: return launch_bulk<8, 4, kGlu>(x, parts, blocks, M, K, pdl, stream);
     case 88: return launch_bulk<8, 8, kGlu>(x, parts, blocks, M, K, pdl, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// bulk-block-columns at one row, in the bulk pipeline's shapes.
+cudaError_t dispatch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int K, int warps,
+                                  int depth, bool pdl, cudaStream_t stream) {
+  switch (warps * 10 + depth) {
+    case 44: return launch_bulk_columns<4, 4>(x, parts, blocks, K, pdl, stream);
+    case 48: return launch_bulk_columns<4, 8>(x, parts, blocks, K, pdl, stream);
+    case 82: return launch_bulk_columns<8, 2>(x, parts, blocks, K, pdl, stream);
+    case 84: return launch_bulk_columns<8, 4>(x, parts, blocks, K, pdl, stream);
+    case 88: return launch_bulk_columns<8, 8>(x, parts, blocks, K, pdl, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -1020,7 +1130,9 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
   ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, glu ? 1 : count, n);
   cudaError_t err;
-  if (pipeline == ninfer_sm90::kBulk)
+  if (pipeline == ninfer_sm90::kBulkBlockColumns && M == 1 && tiled && !glu)
+    err = ninfer_sm90::dispatch_bulk_columns(x, parts, blocks, K, warps, depth, pdl, stream);
+  else if (pipeline == ninfer_sm90::kBulk || pipeline == ninfer_sm90::kBulkBlockColumns)  // (more rows: bulk's)
     err = !tiled ? cudaErrorInvalidValue
           : glu ? ninfer_sm90::dispatch_bulk<true>(x, parts, blocks / 2, M, K, warps, depth, pdl, stream)
                 : ninfer_sm90::dispatch_bulk<false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
@@ -1038,7 +1150,7 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
                           bool tiled, bool pdl, int pipeline, cudaStream_t stream) {
   using ninfer_sm90::Int4;
   if (count < 1 || count > ninfer_sm90::kMaxParts || pipeline == ninfer_sm90::kBulk ||
-      pipeline == ninfer_sm90::kRingBlockColumns ||
+      pipeline == ninfer_sm90::kRingBlockColumns || pipeline == ninfer_sm90::kBulkBlockColumns ||
       (!tiled && pipeline != ninfer_sm90::kRing))
     return static_cast<int>(cudaErrorInvalidValue);
   Int4::Args args[ninfer_sm90::kMaxParts];

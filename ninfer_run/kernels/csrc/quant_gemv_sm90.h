@@ -6,8 +6,9 @@ namespace ninfer_sm90 {
 // How a launch streams its weights (the launchers' `pipeline`; cuda_ops.PIPELINES): the register ring, the
 // ring with x staged in shared memory (tiled NVFP4, M <= 8, x and the partial sums within 48 KB; else the
 // plain ring), the bulk-copy pipeline (tiled NVFP4 only), or the staged ring with the block scales as MMA
-// columns at M = 1 (Nvfp4Columns, tiled NVFP4; other rows as ring-staged-x).
-enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3 };
+// columns at M = 1 (Nvfp4Columns, tiled NVFP4; other rows as ring-staged-x), or the bulk-copy pipeline with
+// Nvfp4Columns' arithmetic at M = 1 (other rows as bulk).
+enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3, kBulkBlockColumns = 4 };
 }  // namespace ninfer_sm90
 
 // The RMSNorm a one-token ring-block-columns launch applies to x as it stages it, so a layer's residual
