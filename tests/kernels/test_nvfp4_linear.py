@@ -222,9 +222,10 @@ def test_cuda_gemv_with_block_columns_matches_reference(m, n, kk):
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 def test_cuda_block_columns_persistent_blocks_walk_every_part():
-    """ring-block-columns launches as many blocks as fit at once, each walking strips b, b + grid, ...:
-    three parts of 1,186 strips in all (more than the H200's 528 resident blocks, so blocks cross from one
-    part into the next), each output its own reference's."""
+    """ring-block-columns and bulk-block-columns launch as many blocks as fit at once, each walking strips
+    b, b + grid, ... (bulk-block-columns' slots and their barrier phases running on from strip to strip):
+    three parts of 1,186 strips in all (more than the H200's resident blocks, so blocks cross from one part
+    into the next), each output its own reference's."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
@@ -233,10 +234,12 @@ def test_cuda_block_columns_persistent_blocks_walk_every_part():
     weights = [_weight(n, kk, n + 5) for n in (17408, 1040, 528)]
     x = torch.randn(1, kk, generator=torch.Generator().manual_seed(7)).to(DEVICE, DTYPE)
     tiled = [(*cuda_ops.tile_nvfp4(q, s8), s2) for q, s8, s2 in weights]
-    for shape in sorted(cuda_ops.GEMV_SHAPES):
-        outs = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, pipeline="ring-block-columns")
-        for out, w in zip(outs, weights):
-            assert rounded_once(out, k.reference(x, *w)), shape
+    for pipeline, shapes in (("ring-block-columns", cuda_ops.GEMV_SHAPES),
+                             ("bulk-block-columns", cuda_ops.BULK_SHAPES)):
+        for shape in sorted(shapes):
+            outs = cuda_ops.nvfp4_gemv_group(x, tiled, shape, tiled=True, pipeline=pipeline)
+            for out, w in zip(outs, weights):
+                assert rounded_once(out, k.reference(x, *w)), (pipeline, shape)
 
 
 def _within_one_rounding(got: torch.Tensor, want: torch.Tensor) -> bool:

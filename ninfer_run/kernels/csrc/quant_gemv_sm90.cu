@@ -759,12 +759,29 @@ constexpr int bulk_shared_bytes() { return kStages * kWarps * kTileBytes; }
 // SiLU(gate) * up (write_rows): the SwiGLU MLP's activation needs no kernel of its own. (In the register
 // ring the same split measured slower: its warps' weight pointers leave the uniform registers, 70
 // registers, 3 blocks per SM instead of 4.)
+// The bulk pipelines' slot barriers, set up by thread 0 before any thread uses them: a slot is full once the
+// producer's bytes land, empty once every consumer lane has read it.
+template <int kWarps, int kStages>
+__device__ __forceinline__ void init_slot_barriers(uint64_t* full, uint64_t* empty) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], kWarps * 32);  // every consumer lane arrives
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
 // The bulk pipelines' producer (one lane): the block's strip of kWeights weights (parts part, part + 1),
 // chunk by chunk (kWarps / kWeights K tiles of each), into kStages slots of codes then scales (a slot's
-// tile w is consumer warp w's); a refill first waits for the consumers to free its slot.
+// tile w is consumer warp w's); a refill first waits for the consumers to free its slot. first: the
+// block's chunks before this strip's (a persistent grid's blocks stream strip after strip through the
+// same slots).
 template <int kWarps, int kStages, int kWeights>
 __device__ __forceinline__ void produce_chunks(uint8_t* slots, uint64_t* full, uint64_t* empty,
-                                               const Parts<Nvfp4::Args>& parts, int part, int block, int tiles) {
+                                               const Parts<Nvfp4::Args>& parts, int part, int block, int tiles,
+                                               int first = 0) {
   constexpr int kCodes = kWarps * 1024, kSplit = kWarps / kWeights;
   const int chunks = (tiles + kSplit - 1) / kSplit;
   const uint8_t* codes[kWeights];
@@ -775,14 +792,14 @@ __device__ __forceinline__ void produce_chunks(uint8_t* slots, uint64_t* full, u
     scales[p] = pick(parts.args, part + p).scale + (size_t)block * tiles * 128;
   }
   for (int j = 0; j < chunks; ++j) {
-    const int slot = j % kStages, n = min(kSplit, tiles - j * kSplit);
-    if (j >= kStages) barrier_wait(&empty[slot], (j / kStages - 1) & 1);
+    const int at = first + j, slot = at % kStages, n = min(kSplit, tiles - j * kSplit);
+    if (at >= kStages) barrier_wait(&empty[slot], (at / kStages - 1) & 1);
     barrier_expect_bytes(&full[slot], kWeights * n * kTileBytes);
 #pragma unroll
     for (int p = 0; p < kWeights; ++p) {
-      const int at = slot * kWarps + p * kSplit;  // the slot's first tile of weight p
-      bulk_copy(slots + at * 1024, codes[p] + (size_t)j * kSplit * 1024, n * 1024, &full[slot]);
-      bulk_copy(slots + kStages * kCodes + at * 128, scales[p] + (size_t)j * kSplit * 128, n * 128, &full[slot]);
+      const int tile = slot * kWarps + p * kSplit;  // the slot's first tile of weight p
+      bulk_copy(slots + tile * 1024, codes[p] + (size_t)j * kSplit * 1024, n * 1024, &full[slot]);
+      bulk_copy(slots + kStages * kCodes + tile * 128, scales[p] + (size_t)j * kSplit * 128, n * 128, &full[slot]);
     }
   }
 }
@@ -797,14 +814,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   asm volatile("griddepcontrol.launch_dependents;");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tiles = K / kTileK, chunks = (tiles + kSplit - 1) / kSplit;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      barrier_init(&full[s], 1);
-      barrier_init(&empty[s], kWarps * 32);  // every consumer lane arrives
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_slot_barriers<kWarps, kStages>(full, empty);
   const int part = kGlu ? 0 : part_of(parts, blockIdx.x);
   const int block = blockIdx.x - (kGlu ? 0 : pick(parts.first_block, part));  // within the part
   if (warp == kWarps) {  // the producer: weights only, which no kernel writes, so no griddepcontrol.wait
@@ -862,10 +872,12 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
 }
 
 // One token in the bulk pipeline with Nvfp4Columns' arithmetic (pipeline bulk-block-columns): the producer
-// streams each block's strip as gemv_bulk's does, so the bytes in flight cost shared memory, not registers
+// streams the block's strips as gemv_bulk's does, so the bytes in flight cost shared memory, not registers
 // (the ring holds kDepth tiles a warp in registers, 64 of them at its 4 blocks a SM); the consumers stage x
-// once (times 2^100, then the 64 zero bytes: after the slots) and take each tile as ring-block-columns'
-// loop does (133 SASS instructions a tile against the row form's 165). One strip a block.
+// once (times 2^100, then the 64 zero bytes: after the slots) and take each tile with ring-block-columns'
+// arithmetic (with the barrier work, ~155 SASS instructions a tile against the bulk row form's 174). The
+// grid is persistent, as ring-block-columns': block b takes strips b, b + grid, ..., and its slots run on
+// from strip to strip (gate and up's strips are 5 chunks: one strip a block would drain the slots each time).
 template <int kWarps, int kStages>
 __global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_bulk_columns(
     const __nv_bfloat16* __restrict__ x, const Parts<Nvfp4::Args> parts, int M, int K) {
@@ -875,18 +887,15 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_b
   asm volatile("griddepcontrol.launch_dependents;");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tiles = K / kTileK, chunks = (tiles + kWarps - 1) / kWarps;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      barrier_init(&full[s], 1);
-      barrier_init(&empty[s], kWarps * 32);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  const int part = part_of(parts, blockIdx.x);
-  const int block = blockIdx.x - pick(parts.first_block, part);
+  init_slot_barriers<kWarps, kStages>(full, empty);
   if (warp == kWarps) {
-    if (lane == 0) produce_chunks<kWarps, kStages, 1>(slots, full, empty, parts, part, block, tiles);
+    if (lane == 0) {
+      for (int strip = blockIdx.x, first = 0; strip < parts.strips; strip += gridDim.x, first += chunks) {
+        const int part = part_of(parts, strip);
+        produce_chunks<kWarps, kStages, 1>(slots, full, empty, parts, part, strip - pick(parts.first_block, part),
+                                           tiles, first);
+      }
+    }
     return;
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
@@ -898,35 +907,40 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_b
   // Lane g = 2c reads its group's 32 values of x of each tile, the others the zeros (see Nvfp4Columns).
   const int g = lane >> 2, c = lane & 3;
   const uint32_t x_step = g == 2 * c ? 2 * kTileK * kWarps : 0;  // bytes from a chunk's tile to the next's
-  uint32_t x_next = shared_address(x_staged) + (g == 2 * c ? 64 * c + 2 * kTileK * warp : 2 * K);
+  const uint32_t x_first = shared_address(x_staged) + (g == 2 * c ? 64 * c + 2 * kTileK * warp : 2 * K);
   const uint8_t* codes = slots + warp * 1024 + 16 * lane;  // slot 0's, this lane's
   const uint8_t* scales = slots + kStages * kCodes + warp * 128 + 4 * lane;
-  float d[2][2][4] = {};
-  for (int j0 = 0; j0 < chunks; j0 += kStages) {
-    const uint32_t parity = (j0 / kStages) & 1;
-#pragma unroll
-    for (int i = 0; i < kStages; ++i) {
-      if (j0 + i >= chunks) break;
-      barrier_wait(&full[i], parity);
-      const uint4 wg = *reinterpret_cast<const uint4*>(codes + i * kCodes);
-      const uint4 wh = *reinterpret_cast<const uint4*>(codes + i * kCodes + 512);
-      const uint32_t both = *reinterpret_cast<const uint32_t*>(scales + i * kScales);
+  __shared__ float partial[kWarps][1][4][32];
+  uint32_t slot = 0, parity = 0;  // the block's chunk count so far, % kStages and / kStages % 2
+  for (int strip = blockIdx.x; strip < parts.strips; strip += gridDim.x) {
+    float d[2][2][4] = {};
+    uint32_t x_next = x_first;
+    for (int j = 0; j < chunks; ++j) {
+      barrier_wait(&full[slot], parity);
+      const uint4 wg = *reinterpret_cast<const uint4*>(codes + slot * kCodes);
+      const uint4 wh = *reinterpret_cast<const uint4*>(codes + slot * kCodes + 512);
+      const uint32_t both = *reinterpret_cast<const uint32_t*>(scales + slot * kScales);
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (as gemv_bulk's: reads before refill)
-      barrier_arrive(&empty[i]);
-      if ((j0 + i) * kWarps + warp < tiles) {  // (a partial last chunk)
+      barrier_arrive(&empty[slot]);
+      if (j * kWarps + warp < tiles) {  // (a partial last chunk)
         uint4 xl[4], none[4];
         load_shared(xl[0], xl[1], x_next);
         load_shared(xl[2], xl[3], x_next + 32);
         Nvfp4Columns::tile<false>(d, wg, wh, {both}, {}, xl, none);
       }
       x_next += x_step;
+      if (++slot == kStages) slot = 0, parity ^= 1;
+    }
+    Nvfp4Columns::finish(d);
+    if (strip != blockIdx.x) asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");  // warp 0 has read
+    store_partial<false>(partial[warp], d, lane);                                              // the last strip's
+    asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");
+    if (warp == 0) {
+      const int part = part_of(parts, strip);
+      write_rows<Nvfp4Columns, false, kWarps, false>(partial, parts, strip, (strip - pick(parts.first_block, part)) * 16,
+                                                     M, lane);
     }
   }
-  Nvfp4Columns::finish(d);
-  __shared__ float partial[kWarps][1][4][32];
-  store_partial<false>(partial[warp], d, lane);
-  asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");
-  if (warp == 0) write_rows<Nvfp4Columns, false, kWarps, false>(partial, parts, blockIdx.x, block * 16, M, lane);
 }
 
 constexpr int kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory a kernel gets without an opt-in
@@ -1028,8 +1042,10 @@ cudaError_t launch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int bloc
   return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, M, K);
 }
 
-// A bulk-block-columns launch (one row): the slots, then x and its 64 zero bytes, past the default 48 KB by
-// opting in once a kernel to what a block can have; refused where they exceed it.
+// A bulk-block-columns launch (one row): as many blocks as fit at once (the kernel walks the strips), each
+// with the slots, then x and its 64 zero bytes, past the default 48 KB by opting in once a kernel to what a
+// block can have; refused where they exceed it. (The occupancy is asked on every launch: free in a CUDA
+// graph, a few us on an eager step.)
 template <int kWarps, int kStages>
 cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int K, bool pdl,
                                 cudaStream_t stream) {
@@ -1045,7 +1061,11 @@ cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, 
   }();
   const int shared = bulk_shared_bytes<kWarps, kStages>() + K * 2 + 64;
   if (shared > most_bytes) return cudaErrorInvalidValue;
-  Launch l(blocks, (kWarps + 1) * 32, shared, pdl, stream);
+  int device = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (kWarps + 1) * 32, shared);
+  Launch l(std::min(blocks, std::max(per_sm, 1) * sms), (kWarps + 1) * 32, shared, pdl, stream);
   return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, 1, K);
 }
 
