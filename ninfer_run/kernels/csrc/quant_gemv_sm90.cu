@@ -521,6 +521,15 @@ __device__ __forceinline__ uint4 times_2_to_100(const uint4& v) {
                     bf16x2_mul(v.w, kTwoTo100));
 }
 
+// x as Nvfp4Columns reads it, staged in shared memory by kThreads threads: times 2^100, then the 64 zero
+// bytes its idle lanes read.
+template <int kThreads>
+__device__ __forceinline__ void stage_x_columns(uint4* staged, const __nv_bfloat16* __restrict__ x, int K) {
+  const uint4* rows = reinterpret_cast<const uint4*>(x);
+  for (int i = threadIdx.x; i < K / 8 + 4; i += kThreads)
+    staged[i] = i < K / 8 ? times_2_to_100(__ldg(rows + i)) : make_uint4(0, 0, 0, 0);
+}
+
 // Nvfp4Columns' staging with norm.weight set (NinferAddNorm): x + residual, rounded as torch's bf16 add
 // (a float sum rounded once), its sum of squares over the block, then the normed row as
 // layers.rms_norm_reference rounds it (offset: normed * (offset + w) in float32, cast once; offset 0:
@@ -611,8 +620,7 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
       if constexpr (std::is_same_v<Stage, NinferAddNorm>) {
         stage_add_norm<kWarps>(x_staged, x, stage, K);
       } else {
-        for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32)
-          x_staged[i] = i < K / 8 ? times_2_to_100(__ldg(rows + i)) : make_uint4(0, 0, 0, 0);
+        stage_x_columns<kWarps * 32>(x_staged, x, K);
       }
     } else {
       for (int i = threadIdx.x; i < M * K / 8; i += kWarps * 32) x_staged[i] = __ldg(rows + i);
@@ -753,12 +761,12 @@ constexpr int kTileBytes = 1024 + 128;  // a tiled NVFP4 tile: codes, scales
 template <int kWarps, int kStages>
 constexpr int bulk_shared_bytes() { return kStages * kWarps * kTileBytes; }
 
-// (At M <= 8, registers capped for 3 blocks of 8 consumer warps per SM, 5 of 4: no spills.)
-// kGlu (two parts of one N, gate and up): N / 16 blocks; a slot holds kWarps / 2 K tiles of gate, then as
-// many of up, so the block's first half of warps sum gate's rows, the others up's, and the block writes
-// SiLU(gate) * up (write_rows): the SwiGLU MLP's activation needs no kernel of its own. (In the register
-// ring the same split measured slower: its warps' weight pointers leave the uniform registers, 70
-// registers, 3 blocks per SM instead of 4.)
+// A barrier of the bulk pipelines' kWarps consumer warps alone (named barrier 1: the producer warp has left).
+template <int kWarps>
+__device__ __forceinline__ void sync_consumers() {
+  asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");
+}
+
 // The bulk pipelines' slot barriers, set up by thread 0 before any thread uses them: a slot is full once the
 // producer's bytes land, empty once every consumer lane has read it.
 template <int kWarps, int kStages>
@@ -804,6 +812,12 @@ __device__ __forceinline__ void produce_chunks(uint8_t* slots, uint64_t* full, u
   }
 }
 
+// (At M <= 8, registers capped for 3 blocks of 8 consumer warps per SM, 5 of 4: no spills.)
+// kGlu (two parts of one N, gate and up): N / 16 blocks; a slot holds kWarps / 2 K tiles of gate, then as
+// many of up, so the block's first half of warps sum gate's rows, the others up's, and the block writes
+// SiLU(gate) * up (write_rows): the SwiGLU MLP's activation needs no kernel of its own. (In the register
+// ring the same split measured slower: its warps' weight pointers leave the uniform registers, 70
+// registers, 3 blocks per SM instead of 4.)
 template <bool kHighTokens, int kWarps, int kStages, bool kGlu>
 __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps == 8 ? 3 : 5)) gemv_bulk(const __nv_bfloat16* __restrict__ x,
                                                                const Parts<Nvfp4::Args> parts, int M, int K) {
@@ -867,7 +881,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   }
   __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
   store_partial<kHighTokens>(partial[warp], d, lane);
-  asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");  // the consumers (the producer has left)
+  sync_consumers<kWarps>();
   if (warp == 0) write_rows<Nvfp4Tiled, kHighTokens, kWarps, kGlu>(partial, parts, blockIdx.x, block * 16, M, lane);
 }
 
@@ -900,11 +914,10 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_b
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
   uint4* x_staged = reinterpret_cast<uint4*>(slots + kStages * (kCodes + kScales));
-  const uint4* rows = reinterpret_cast<const uint4*>(x);
-  for (int i = threadIdx.x; i < K / 8 + 4; i += kWarps * 32)
-    x_staged[i] = i < K / 8 ? times_2_to_100(__ldg(rows + i)) : make_uint4(0, 0, 0, 0);
-  asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");  // the consumers (the producer has left)
-  // Lane g = 2c reads its group's 32 values of x of each tile, the others the zeros (see Nvfp4Columns).
+  stage_x_columns<kWarps * 32>(x_staged, x, K);
+  sync_consumers<kWarps>();
+  // Nvfp4Columns' x addresses, as gemv_strip's (written out there too: as a shared helper it rescheduled the
+  // measured block-columns loop)
   const int g = lane >> 2, c = lane & 3;
   const uint32_t x_step = g == 2 * c ? 2 * kTileK * kWarps : 0;  // bytes from a chunk's tile to the next's
   const uint32_t x_first = shared_address(x_staged) + (g == 2 * c ? 64 * c + 2 * kTileK * warp : 2 * K);
@@ -932,9 +945,9 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_b
       if (++slot == kStages) slot = 0, parity ^= 1;
     }
     Nvfp4Columns::finish(d);
-    if (strip != blockIdx.x) asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");  // warp 0 has read
-    store_partial<false>(partial[warp], d, lane);                                              // the last strip's
-    asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");
+    if (strip != blockIdx.x) sync_consumers<kWarps>();  // warp 0 has read the last strip's partial sums
+    store_partial<false>(partial[warp], d, lane);
+    sync_consumers<kWarps>();
     if (warp == 0) {
       const int part = part_of(parts, strip);
       write_rows<Nvfp4Columns, false, kWarps, false>(partial, parts, strip, (strip - pick(parts.first_block, part)) * 16,
