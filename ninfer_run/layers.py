@@ -171,11 +171,11 @@ def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
 
 
 def _norm_launch(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float,
-                 weights: list, normed: bool) -> tuple | None:
-    """Quantized weights' launch that stages the norm itself (kernels/linear.py group_after_norm), None
-    where they have none."""
+                 weights: list, normed: bool, glu: bool = False) -> tuple | None:
+    """Quantized weights' launch that stages the norm itself (kernels/linear.py group_after_norm; `glu`:
+    and writes SiLU(gate) * up), None where they have none."""
     launch = _quantized(weights[0], "group_after_norm")
-    return launch(x, h, weight, eps, offset, weights, normed) if launch is not None else None
+    return launch(x, h, weight, eps, offset, weights, normed, glu) if launch is not None else None
 
 
 def add_rms_norm_linear_group(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float,
@@ -194,7 +194,12 @@ def add_rms_norm_linear_group(x: torch.Tensor, h: torch.Tensor | None, weight: t
 def add_rms_norm_swiglu_mlp(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
                             gate, up, down) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + h, swiglu_mlp(RMSNorm(x + h))): the norm staged by gate and up's launch where it can be
-    (add_rms_norm_linear_group), else add_rms_norm, then swiglu_mlp (whose own launch may take the SiLU-mul)."""
+    (add_rms_norm_linear_group; with the SiLU-mul too where that launch writes it: two GEMVs back to back),
+    else add_rms_norm, then swiglu_mlp (whose own launch may take the SiLU-mul)."""
+    done = _norm_launch(x, h, weight, eps, offset, [gate, up], normed=False, glu=True)
+    if done is not None:
+        s, _, (activated,) = done
+        return s, linear(activated, down)
     done = _norm_launch(x, h, weight, eps, offset, [gate, up], normed=False)
     if done is None:
         s, y = add_rms_norm(x, h, weight, eps, offset)

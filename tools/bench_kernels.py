@@ -352,7 +352,7 @@ def floor_sweep(device: str, sweep=FLOOR_SWEEP, linears=FLOOR_LINEARS) -> list[d
 CHAIN_LAYERS = 16  # distinct weights: 2.4 GB, 40x the L2
 
 
-def mlp_chain(device: str) -> list[dict]:
+def mlp_chain(device: str, only: list[str] | None = None) -> list[dict]:
     """The 27B's MLP block (RMSNorm, gate and up, SiLU-mul, down) over CHAIN_LAYERS layers of distinct
     weights in one CUDA graph, as the engine's decode graphs replay it (M = 1), launched each way: the
     three GEMVs apart, gate and up as one launch (grouped), and grouped as programmatic dependent launches
@@ -362,7 +362,7 @@ def mlp_chain(device: str) -> list[dict]:
     SiLU-mul as one launch (glu); beside it a flat read of the
     same weight bytes, one launch per weight (tools/csrc/gemv_read_floor.cu), in the same graph form:
     what a chain of memory-bound launches can reach; and the GEMV's own loads alone (its blocks, warps and
-    ring, no arithmetic): what its layout costs."""
+    ring, no arithmetic): what its layout costs. `only`: the variants whose names hold one of these."""
     from ninfer_run.kernels import norms
     from ninfer_run.layers import silu_mul
 
@@ -397,16 +397,18 @@ def mlp_chain(device: str) -> list[dict]:
             g, u = (gemv(h, [(*w[name], s2)])[0] for name in ("gate", "up"))
         gemv(act.clone() if small_ops == "copy" else silu_mul(g, u) if small_ops else act, [(*w["down"], s2)])
 
-    def engine_block(w, staged: bool):
-        """The engine's one-row MLP block (block columns, PDL): x + residual and its norm, gate and up,
-        SiLU-mul, down; the norm in a kernel of its own or staged by gate and up's launch (cuda_ops.FUSED_NORM)."""
+    def engine_block(w, staged: bool, pipeline: str = "ring-block-columns", glu: bool = False):
+        """The engine's one-row MLP block (PDL): x + residual and its norm, gate and up, SiLU-mul, down; the
+        norm in a kernel of its own or staged by gate and up's launch (cuda_ops.FUSED_NORM), and with `glu`
+        (bulk-block-columns) the SiLU-mul written by that launch: two GEMVs back to back."""
         gate_up = [(*w["gate"], s2), (*w["up"], s2)]
         if staged:
-            _, _, (g, u) = cuda_ops.nvfp4_norm_gemv_group(x, residual, norm_w, 1e-6, 1.0, gate_up)
+            _, _, ys = cuda_ops.nvfp4_norm_gemv_group(x, residual, norm_w, 1e-6, 1.0, gate_up, pipeline=pipeline, glu=glu)
         else:
             _, h = norms.add_rms_norm(x, residual, norm_w, 1e-6, 1.0)
-            g, u = cuda_ops.nvfp4_gemv_group(h, gate_up, tiled=True, pdl=True, pipeline="ring-block-columns")
-        cuda_ops.nvfp4_gemv_group(silu_mul(g, u), [(*w["down"], s2)], tiled=True, pdl=True, pipeline="ring-block-columns")
+            ys = cuda_ops.nvfp4_gemv_group(h, gate_up, tiled=True, pdl=True, pipeline=pipeline, glu=glu)
+        act = ys[0] if glu else silu_mul(*ys)
+        cuda_ops.nvfp4_gemv_group(act, [(*w["down"], s2)], tiled=True, pdl=True, pipeline=pipeline)
 
     def reads(w, mode="flat"):
         for name in ("gate", "up", "down"):
@@ -432,6 +434,13 @@ def mlp_chain(device: str) -> list[dict]:
                 "bulk block columns GEMVs alone": lambda w: block(w, True, True, small_ops=False,
                                                                   pipeline="bulk-block-columns"),
                 "grouped+pdl bulk block columns": lambda w: block(w, True, True, pipeline="bulk-block-columns"),
+                "bulk block columns glu GEMVs alone": lambda w: block(w, True, True, small_ops=False,
+                                                                      pipeline="bulk-block-columns", glu=True),
+                "engine block bulk block columns, norm staged": lambda w: engine_block(w, True, "bulk-block-columns"),
+                "engine block bulk block columns, norm apart, glu": lambda w: engine_block(w, False, "bulk-block-columns",
+                                                                                           glu=True),
+                "engine block bulk block columns, norm staged, glu": lambda w: engine_block(w, True, "bulk-block-columns",
+                                                                                            glu=True),
                 **{f"bulk block columns {a}x{b}": lambda w, s=(a, b): block(w, True, True, s, pipeline="bulk-block-columns")
                    for a, b in ((8, 2), (8, 8))},
                 "bulk grouped": lambda w: block(w, True, False, pipeline="bulk"),
@@ -444,6 +453,8 @@ def mlp_chain(device: str) -> list[dict]:
         variants[f"bulk grouped+pdl {shape[0]}x{shape[1]}"] = lambda w, s=shape: block(w, True, True, s, pipeline="bulk")
     rows = []
     for name, body in variants.items():
+        if only and not any(part in name for part in only):
+            continue
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             body(layers[0])  # compile / warm up outside the capture
@@ -525,6 +536,8 @@ def main() -> None:
     parser.add_argument("--floor-l2", action="store_true",
                         help="only the GEMV's loads in the engine's layouts, without and with the L2::256B hint")
     parser.add_argument("--chain", action="store_true", help="only the MLP block in a CUDA graph, each launch way")
+    parser.add_argument("--chain-only", nargs="+", metavar="PART",
+                        help="with --chain: only the variants whose names hold one of these")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -540,7 +553,7 @@ def main() -> None:
                        lambda r: f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} "
                                  f"{r['blocks_per_sm']}/SM {r['us']:6.1f} us")
     if args.chain:
-        return _report(args.out, "bench_chain_h200", "mlp_chain", mlp_chain(device), ceil,
+        return _report(args.out, "bench_chain_h200", "mlp_chain", mlp_chain(device, args.chain_only), ceil,
                        lambda r: f"chain {r['variant']:<20} {r['us_per_layer']:6.1f} us/layer")
     results["decode_gemv"] = linears(device, dtype, shapes, ceil, gpu)
     if args.gemv_only:

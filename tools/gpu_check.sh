@@ -14,7 +14,8 @@
 #           by opcode (what the arithmetic costs per tile)
 # JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [kernels] [bench] [sass]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; FLOOR_ARGS="--floor-l2" narrows
-# the floor stage to the engine's layouts without and with the L2::256B hint; BENCH_ARGS are passed
+# the floor stage to the engine's layouts without and with the L2::256B hint; CHAIN_ARGS="--chain-only engine alone"
+# the chain to the variants whose names hold one of those words (split on spaces); BENCH_ARGS are passed
 # to bench.py (e.g. "--profiles nvfp4 --profile-prefill 32768"), TESTS_ARGS to pytest (e.g. "tests/kernels"; split
 # on spaces, so a -k expression goes in PYTEST_ADDOPTS="-k 'norm or captured'", which pytest parses itself).
 set -uo pipefail
@@ -39,7 +40,7 @@ for stage in $stages; do
         quant) timeout ${QUANT_S:-120} python3 tools/bench_quant.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_quant.log" ;;
         gemv) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gemv-only --out "$OUT" 2>&1 | tee "$OUT/bench_gemv.log" | grep gemv | cut -c1-220 ;;
         floor) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py ${FLOOR_ARGS:---floor-sweep} --out "$OUT" 2>&1 | tee "$OUT/bench_floor.log" | grep floor ;;
-        chain) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --chain --out "$OUT" 2>&1 | tee "$OUT/bench_chain.log" | grep chain ;;
+        chain) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --chain ${CHAIN_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench_chain.log" | grep chain ;;
         kernels) timeout ${KERNELS_S:-300} python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
         bench) # the GPU's clocks, temperature, power and throttle reasons every 2 s beside it (prefill is
                # power-capped; a slow 100K TTFT in stops 16 and 17 was never sampled)

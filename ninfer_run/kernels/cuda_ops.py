@@ -33,6 +33,7 @@ CUDA_FLAGS = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo"]
 TILE_K = 128  # K per warp tile of the GEMVs
 GEMV_SHAPES = {(w, d) for w in (4, 8, 16) for d in (2, 4)}  # (warps per block, tiles in flight per warp)
 BULK_SHAPES = {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}  # the bulk pipeline's (consumer warps = tiles per slot, slots)
+STAGED_BULK_SHAPES = {(4, 8), (8, 4)}  # bulk_shape's: bulk-block-columns' with a staged norm or glu (csrc)
 
 def _build_dir() -> Path:
     digest = hashlib.sha256()
@@ -183,6 +184,10 @@ if PIPELINE not in PIPELINE_NAMES:
     raise ValueError(f"NINFER_GEMV_PIPELINE={PIPELINE!r}: one of {PIPELINE_NAMES}")
 
 
+GLU_PIPELINES = ("bulk", "bulk-block-columns")  # those that can write SiLU(gate) * up themselves (glu)
+NORM_PIPELINES = ("ring-block-columns", "bulk-block-columns")  # those that can stage a layer norm (one row)
+
+
 def pipeline_for(pipeline: str | None = None) -> str:
     """The pipeline a tiled NVFP4 GEMV runs: `pipeline`, else PIPELINE as it is now (tools/bench.py
     --ab-pipeline changes it), "auto" resolved (ring-block-columns: M = 1 its own, other rows staged x)."""
@@ -217,10 +222,10 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
     launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `pipeline`: one of PIPELINES
     (tiled only), None: PIPELINE as it is at the call (tools/bench.py --ab-pipeline flips it for a second
     set of decode figures). `shape`: the pipeline's, as for their total N (gemv_shape, bulk_shape).
-    `glu` (tiled, the bulk pipeline): the weights are gate and up of one N -> [SiLU(x @ gate^T) *
+    `glu` (tiled, the bulk pipelines): the weights are gate and up of one N -> [SiLU(x @ gate^T) *
     (x @ up^T)], from the float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own)."""
     pipeline = pipeline_for(pipeline) if tiled else "ring"
-    if glu and (pipeline != "bulk" or len(weights) != 2):
+    if glu and (pipeline not in GLU_PIPELINES or len(weights) != 2):
         raise ValueError(f"glu: gate and up in the bulk pipeline (tiled), not {len(weights)} weights in {pipeline!r}")
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows[:1] if glu else rows)
@@ -243,35 +248,49 @@ def _nvfp4_operands(weights: list[tuple], device: torch.device) -> tuple[list, l
 FUSED_NORM = os.environ.get("NINFER_FUSED_NORM", "1") != "0"
 
 
-def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Tensor) -> bool:
+def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Tensor, glu: bool = False) -> bool:
     """Whether nvfp4_norm_gemv_group takes this: FUSED_NORM, one bf16 row of K % 128 == 0 and a bf16 norm
-    weight of K, tiled NVFP4 weights in the ring-block-columns pipeline, x (and the zeros after it), the
-    partial and the warps' sums within the 48 KB of shared memory a block gets (csrc launch_persistent)."""
+    weight of K, tiled NVFP4 weights in a pipeline of NORM_PIPELINES (`glu`: bulk-block-columns, two of one
+    N), and what a block stages within its shared memory: ring-block-columns x (and the zeros after it), the
+    partial and the warps' sums in the 48 KB a block gets (csrc launch_persistent); bulk-block-columns the
+    slots too, in the 227 KB a Hopper block can opt in to (csrc launch_bulk_columns)."""
     m, k = x.shape
-    n = sum(q.shape[0] * 16 for q, _, _ in weights)
+    rows = [q.shape[0] * 16 for q, _, _ in weights]
+    pipeline = pipeline_for()
     if not (FUSED_NORM and m == 1 and norm_weight.dtype == torch.bfloat16 and norm_weight.numel() == k
-            and pipeline_for() == "ring-block-columns" and gemv_fits(x, n)):
+            and pipeline in NORM_PIPELINES and gemv_fits(x, sum(rows))):
         return False
-    warps, _ = gemv_shape(n, k, x.device)
+    if glu and (pipeline not in GLU_PIPELINES or len(rows) != 2 or rows[0] != rows[1]):
+        return False
+    warps, depth = nvfp4_shape(pipeline, sum(rows), k, x.device)
+    if pipeline == "bulk-block-columns":
+        partial_bytes = 512 * warps * (2 if glu else 1)
+        return depth * warps * (1024 + 128) + 2 * k + 64 + partial_bytes + 4 * warps + 128 <= 227 * 1024
     return 2 * k + 64 + 516 * warps <= 48 * 1024
 
 
 def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                           offset: float, weights: list[tuple], normed: bool = False, shape: tuple[int, int] | None = None,
-                          pdl: bool = PDL) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+                          pdl: bool = PDL, pipeline: str | None = None,
+                          glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
     """One row x [1, K]: (s = x + residual (x itself with no residual), RMSNorm(s) if `normed` else None,
-    [RMSNorm(s) @ W^T for W in weights]) in one ring-block-columns launch of tiled NVFP4 weights (as
-    nvfp4_gemv_group's): each block stages the normed row itself, as layers.add_rms_norm rounds it (the sum
-    exactly; the norm to float32 rounding: its sum of squares may associate differently)."""
+    [RMSNorm(s) @ W^T for W in weights]) in one launch of tiled NVFP4 weights in a block-columns pipeline
+    (`pipeline`, as nvfp4_gemv_group's; NORM_PIPELINES): each block stages the normed row itself, as
+    layers.add_rms_norm rounds it (the sum exactly; the norm to float32 rounding: its sum of squares may
+    associate differently). `glu` (bulk-block-columns): gate and up -> [SiLU(normed @ gate^T) * (normed @ up^T)]."""
+    pipeline = pipeline_for(pipeline)
+    if pipeline not in NORM_PIPELINES or (glu and (pipeline not in GLU_PIPELINES or len(weights) != 2)):
+        raise ValueError(f"a staged norm in {NORM_PIPELINES} (glu: gate and up in bulk-block-columns), "
+                         f"not {len(weights)} weights in {pipeline!r}")
     rows = [q.shape[0] * 16 for q, _, _ in weights]
-    ys = _outputs(x, rows)
+    ys = _outputs(x, rows[:1] if glu else rows)
     s = torch.empty_like(x) if residual is not None else x
     y = torch.empty_like(x) if normed else None
-    shape = shape or gemv_shape(sum(rows), x.shape[1], x.device)
+    shape = shape or nvfp4_shape(pipeline, sum(rows), x.shape[1], x.device)
     _raise_refusal(torch.ops.ninfer.nvfp4_norm_gemv(
         x.contiguous(), residual.contiguous() if residual is not None else None, norm_weight.contiguous(),
         s if residual is not None else None, y, float(eps), float(offset), *_nvfp4_operands(weights, x.device), ys,
-        *shape, pdl))
+        *shape, pdl, PIPELINES[pipeline], glu))
     return s, y, ys
 
 

@@ -252,10 +252,10 @@ def _within_one_rounding(got: torch.Tensor, want: torch.Tensor) -> bool:
 @pytest.mark.parametrize("offset", [1.0, 0.0])
 @pytest.mark.parametrize("residual", [True, False])
 def test_cuda_norm_gemv_stages_the_layers_add_and_norm(offset, residual):
-    """nvfp4_norm_gemv_group (one row, ring-block-columns): the residual sum exactly as torch adds it, the
-    normed row within one bf16 rounding of layers.rms_norm_reference (its sum of squares associates
-    differently), and each output the float32 product of that very row rounded once, so every block staged
-    the row block 0 wrote. Three parts, more strips than resident blocks, every (warps, depth) shape."""
+    """nvfp4_norm_gemv_group (one row; ring-block-columns and bulk-block-columns): the residual sum exactly as
+    torch adds it, the normed row within one bf16 rounding of layers.rms_norm_reference (its sum of squares
+    associates differently), and each output the float32 product of that very row rounded once, so every
+    block staged the row block 0 wrote. Three parts, more strips than resident blocks, every shape built."""
     from ninfer_run import layers
     from ninfer_run.kernels import cuda_ops
 
@@ -270,14 +270,52 @@ def test_cuda_norm_gemv_stages_the_layers_add_and_norm(offset, residual):
     w = (torch.randn(kk, generator=g) * 0.1 + (0.0 if offset else 1.0)).to(DEVICE, DTYPE)
     want_sum = x + h if residual else x
     want_normed = layers.rms_norm_reference(want_sum, w, 1e-6, offset)
-    for shape in sorted(cuda_ops.GEMV_SHAPES):
-        total, normed, outs = cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, offset, tiled, normed=True, shape=shape)
-        assert torch.equal(total, want_sum), shape
-        assert _within_one_rounding(normed, want_normed), shape
-        for out, weight in zip(outs, weights):
-            assert rounded_once(out, k.reference(normed, *weight)), shape
-        _, none, again = cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, offset, tiled, shape=shape)
-        assert none is None and all(torch.equal(a, b) for a, b in zip(again, outs)), shape
+    for pipeline, shapes in (("ring-block-columns", cuda_ops.GEMV_SHAPES),
+                             ("bulk-block-columns", cuda_ops.STAGED_BULK_SHAPES)):
+        for shape in sorted(shapes):
+            total, normed, outs = cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, offset, tiled, normed=True,
+                                                                 shape=shape, pipeline=pipeline)
+            assert torch.equal(total, want_sum), (pipeline, shape)
+            assert _within_one_rounding(normed, want_normed), (pipeline, shape)
+            for out, weight in zip(outs, weights):
+                assert rounded_once(out, k.reference(normed, *weight)), (pipeline, shape)
+            _, none, again = cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, offset, tiled, shape=shape,
+                                                            pipeline=pipeline)
+            assert none is None and all(torch.equal(a, b) for a, b in zip(again, outs)), (pipeline, shape)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+@pytest.mark.parametrize("n,kk", [(17408, 5120), (1040, 2432)])
+def test_cuda_norm_glu_is_silu_of_gate_times_up_of_the_normed_row(n, kk):
+    """bulk-block-columns with a staged norm and glu (one row, the engine's MLP block in one launch): gate's
+    strip, then up's, through the same slots, -> SiLU(gate) * up of the row the launch normed, from the
+    float32 sums, rounded once; the residual sum exact; glu without the norm too. 17408 x 5120: more strips
+    than resident blocks; 2432: 19 K tiles, a partial last slot. The ring refuses glu."""
+    from ninfer_run import layers
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    (qg, sg, s2g), (qu, su, s2u) = _weight(n, kk, n + 21), _weight(n, kk, n + 22)
+    s2u = s2u * 3
+    weights = [(*cuda_ops.tile_nvfp4(qg, sg), s2g), (*cuda_ops.tile_nvfp4(qu, su), s2u)]
+    g = torch.Generator().manual_seed(kk)
+    x, h = ((torch.randn(1, kk, generator=g) * 3).to(DEVICE, DTYPE) for _ in range(2))
+    w = (torch.randn(kk, generator=g) * 0.1 + 1.0).to(DEVICE, DTYPE)
+
+    def glu_of(row):
+        return torch.nn.functional.silu(k.reference(row, qg, sg, s2g)) * k.reference(row, qu, su, s2u)
+
+    for shape in sorted(cuda_ops.STAGED_BULK_SHAPES):
+        total, normed, (out,) = cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, 0.0, weights, normed=True, shape=shape,
+                                                               pipeline="bulk-block-columns", glu=True)
+        assert torch.equal(total, x + h), shape
+        assert _within_one_rounding(normed, layers.rms_norm_reference(x + h, w, 1e-6, 0.0)), shape
+        assert out.shape == (1, n) and rounded_once(out, glu_of(normed)), shape
+        (plain,) = cuda_ops.nvfp4_gemv_group(x, weights, shape, tiled=True, pipeline="bulk-block-columns", glu=True)
+        assert rounded_once(plain, glu_of(x)), shape
+    with pytest.raises(ValueError, match="glu"):
+        cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, 0.0, weights, pipeline="ring-block-columns", glu=True)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
@@ -296,7 +334,8 @@ def test_cuda_norm_gemv_refuses_what_it_cannot_stage():
     with pytest.raises(RuntimeError, match="one row"):
         cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, 1.0, tiled)
     ys = [torch.empty(1, 32, device=DEVICE, dtype=DTYPE)]
-    args = [[t for t, _, _ in tiled], [sc.view(torch.uint8) for _, sc, _ in tiled], [s2.reshape(1).float()], ys, 8, 2, True]
+    args = [[t for t, _, _ in tiled], [sc.view(torch.uint8) for _, sc, _ in tiled], [s2.reshape(1).float()], ys, 8, 2, True,
+            cuda_ops.PIPELINES["ring-block-columns"], False]
     with pytest.raises(RuntimeError, match="must not be x or residual"):
         cuda_ops._raise_refusal(torch.ops.ninfer.nvfp4_norm_gemv(x[:1], h[:1], w, x[:1], None, 1e-6, 1.0, *args))
     with pytest.raises(RuntimeError, match="weight bf16"):

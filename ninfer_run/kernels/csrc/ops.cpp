@@ -181,13 +181,13 @@ void check_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual, 
 std::string nvfp4_norm_gemv(const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
                             const std::optional<at::Tensor>& sum_out, const std::optional<at::Tensor>& normed_out,
                             double eps, double offset, at::TensorList q, at::TensorList scale, at::TensorList s2,
-                            at::TensorList y, int64_t warps, int64_t depth, bool pdl) {
+                            at::TensorList y, int64_t warps, int64_t depth, bool pdl, int64_t pipeline, bool glu) {
   return guarded([&] {
     check_norm(x, residual, weight, sum_out, normed_out);
     const auto pointer = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; };
     const NinferAddNorm norm{pointer(residual), weight.data_ptr(), pointer(sum_out), pointer(normed_out),
                              static_cast<float>(eps), static_cast<float>(offset)};
-    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, ninfer_sm90::kRingBlockColumns, false, &norm);
+    nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, pipeline, glu, &norm);
   });
 }
 
@@ -199,8 +199,9 @@ std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scal
 
 }  // namespace
 
-// nvfp4_norm_gemv: nvfp4_gemv of one row in the ring-block-columns pipeline (tiled) with x first normalized
-// as NinferAddNorm says (x + residual, its RMSNorm), the sum and the normed row written where given.
+// nvfp4_norm_gemv: nvfp4_gemv of one row in a block-columns pipeline (tiled; glu: bulk-block-columns) with x
+// first normalized as NinferAddNorm says (x + residual, its RMSNorm), the sum and the normed row written
+// where given.
 // One launch for 1 to 3 weights that read the same x, each into its own y [M, N] -> "" or why not (guarded);
 // glu (NVFP4, tiled, the bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
@@ -211,7 +212,7 @@ TORCH_LIBRARY(ninfer, m) {
         "bool tiled, bool pdl, int pipeline, bool glu) -> str");
   m.def("nvfp4_norm_gemv(Tensor x, Tensor? residual, Tensor weight, Tensor(b!)? sum_out, Tensor(c!)? normed_out, "
         "float eps, float offset, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
-        "bool pdl) -> str");
+        "bool pdl, int pipeline, bool glu) -> str");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
         "bool tiled, bool pdl, int pipeline) -> str");
 }

@@ -530,12 +530,19 @@ __device__ __forceinline__ void stage_x_columns(uint4* staged, const __nv_bfloat
     staged[i] = i < K / 8 ? times_2_to_100(__ldg(rows + i)) : make_uint4(0, 0, 0, 0);
 }
 
+// A barrier of the bulk pipelines' kWarps consumer warps alone (named barrier 1: the producer warp has left).
+template <int kWarps>
+__device__ __forceinline__ void sync_consumers() {
+  asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");
+}
+
 // Nvfp4Columns' staging with norm.weight set (NinferAddNorm): x + residual, rounded as torch's bf16 add
 // (a float sum rounded once), its sum of squares over the block, then the normed row as
 // layers.rms_norm_reference rounds it (offset: normed * (offset + w) in float32, cast once; offset 0:
 // the cast normed times the weight, rounded), staged times 2^100. Every block computes the same row
 // (the same threads sum the same values in the same order); block 0 writes the sum and the normed row.
-template <int kWarps>
+// kConsumers: the bulk pipelines' kWarps consumer warps stage it (their own barrier: the producer has left).
+template <int kWarps, bool kConsumers = false>
 __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat16* __restrict__ x,
                                                const NinferAddNorm& norm, int K) {
   __shared__ float warp_squares[kWarps];
@@ -557,7 +564,8 @@ __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat1
 #pragma unroll
   for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) squares += __shfl_xor_sync(0xFFFFFFFFu, squares, lane_mask);
   if ((threadIdx.x & 31) == 0) warp_squares[threadIdx.x >> 5] = squares;
-  __syncthreads();
+  if constexpr (kConsumers) sync_consumers<kWarps>();
+  else __syncthreads();
   float total = 0.f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) total += warp_squares[w];
@@ -761,12 +769,6 @@ constexpr int kTileBytes = 1024 + 128;  // a tiled NVFP4 tile: codes, scales
 template <int kWarps, int kStages>
 constexpr int bulk_shared_bytes() { return kStages * kWarps * kTileBytes; }
 
-// A barrier of the bulk pipelines' kWarps consumer warps alone (named barrier 1: the producer warp has left).
-template <int kWarps>
-__device__ __forceinline__ void sync_consumers() {
-  asm volatile("bar.sync 1, %0;" ::"r"(kWarps * 32) : "memory");
-}
-
 // The bulk pipelines' slot barriers, set up by thread 0 before any thread uses them: a slot is full once the
 // producer's bytes land, empty once every consumer lane has read it.
 template <int kWarps, int kStages>
@@ -892,29 +894,40 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
 // arithmetic (with the barrier work, ~155 SASS instructions a tile against the bulk row form's 174). The
 // grid is persistent, as ring-block-columns': block b takes strips b, b + grid, ..., and its slots run on
 // from strip to strip (gate and up's strips are 5 chunks: one strip a block would drain the slots each time).
-template <int kWarps, int kStages>
+// Stage: x as it is (PlainX) or through the layer's add + RMSNorm (NinferAddNorm, staged once a block, so
+// a persistent grid pays it ~400 times a launch, not once a strip). kGlu (gate and up of one N): a strip is
+// gate's 16 rows, then up's, streamed one after the other, and the block writes SiLU(gate) * up
+// (write_rows): a one-row MLP is then two GEMVs back to back, each the next's programmatic dependent (a
+// kernel between them, norm or SiLU-mul, exposes the persistent grid's start and end: stop 25's chain).
+template <int kWarps, int kStages, class Stage, bool kGlu>
 __global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_bulk_columns(
-    const __nv_bfloat16* __restrict__ x, const Parts<Nvfp4::Args> parts, int M, int K) {
+    const __nv_bfloat16* __restrict__ x, const Parts<Nvfp4::Args> parts, int M, int K, const Stage stage) {
   constexpr int kCodes = kWarps * 1024, kScales = kWarps * 128;  // a slot's bytes
+  constexpr int kWeights = kGlu ? 2 : 1;                          // the weights a strip streams
   extern __shared__ __align__(128) uint8_t slots[];              // codes, scales [kStages][...], then x
   __shared__ uint64_t full[kStages], empty[kStages];
   asm volatile("griddepcontrol.launch_dependents;");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tiles = K / kTileK, chunks = (tiles + kWarps - 1) / kWarps;
+  const int strips = kGlu ? parts.strips / 2 : parts.strips;  // (glu: gate's, each with up's beside)
   init_slot_barriers<kWarps, kStages>(full, empty);
   if (warp == kWarps) {
     if (lane == 0) {
-      for (int strip = blockIdx.x, first = 0; strip < parts.strips; strip += gridDim.x, first += chunks) {
-        const int part = part_of(parts, strip);
-        produce_chunks<kWarps, kStages, 1>(slots, full, empty, parts, part, strip - pick(parts.first_block, part),
-                                           tiles, first);
+      for (int strip = blockIdx.x, first = 0; strip < strips; strip += gridDim.x) {
+#pragma unroll
+        for (int w = 0; w < kWeights; ++w, first += chunks) {
+          const int part = kGlu ? w : part_of(parts, strip);
+          produce_chunks<kWarps, kStages, 1>(slots, full, empty, parts, part,
+                                             kGlu ? strip : strip - pick(parts.first_block, part), tiles, first);
+        }
       }
     }
     return;
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
   uint4* x_staged = reinterpret_cast<uint4*>(slots + kStages * (kCodes + kScales));
-  stage_x_columns<kWarps * 32>(x_staged, x, K);
+  if constexpr (std::is_same_v<Stage, NinferAddNorm>) stage_add_norm<kWarps, true>(x_staged, x, stage, K);
+  else stage_x_columns<kWarps * 32>(x_staged, x, K);
   sync_consumers<kWarps>();
   // Nvfp4Columns' x addresses, as gemv_strip's (written out there too: as a shared helper it rescheduled the
   // measured block-columns loop)
@@ -923,35 +936,38 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_b
   const uint32_t x_first = shared_address(x_staged) + (g == 2 * c ? 64 * c + 2 * kTileK * warp : 2 * K);
   const uint8_t* codes = slots + warp * 1024 + 16 * lane;  // slot 0's, this lane's
   const uint8_t* scales = slots + kStages * kCodes + warp * 128 + 4 * lane;
-  __shared__ float partial[kWarps][1][4][32];
+  __shared__ float partial[kWeights * kWarps][1][4][32];  // (glu: gate's warps, then up's)
   uint32_t slot = 0, parity = 0;  // the block's chunk count so far, % kStages and / kStages % 2
-  for (int strip = blockIdx.x; strip < parts.strips; strip += gridDim.x) {
-    float d[2][2][4] = {};
-    uint32_t x_next = x_first;
-    for (int j = 0; j < chunks; ++j) {
-      barrier_wait(&full[slot], parity);
-      const uint4 wg = *reinterpret_cast<const uint4*>(codes + slot * kCodes);
-      const uint4 wh = *reinterpret_cast<const uint4*>(codes + slot * kCodes + 512);
-      const uint32_t both = *reinterpret_cast<const uint32_t*>(scales + slot * kScales);
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (as gemv_bulk's: reads before refill)
-      barrier_arrive(&empty[slot]);
-      if (j * kWarps + warp < tiles) {  // (a partial last chunk)
-        uint4 xl[4], none[4];
-        load_shared(xl[0], xl[1], x_next);
-        load_shared(xl[2], xl[3], x_next + 32);
-        Nvfp4Columns::tile<false>(d, wg, wh, {both}, {}, xl, none);
+  for (int strip = blockIdx.x; strip < strips; strip += gridDim.x) {
+#pragma unroll 1
+    for (int w = 0; w < kWeights; ++w) {
+      float d[2][2][4] = {};
+      uint32_t x_next = x_first;
+      for (int j = 0; j < chunks; ++j) {
+        barrier_wait(&full[slot], parity);
+        const uint4 wg = *reinterpret_cast<const uint4*>(codes + slot * kCodes);
+        const uint4 wh = *reinterpret_cast<const uint4*>(codes + slot * kCodes + 512);
+        const uint32_t both = *reinterpret_cast<const uint32_t*>(scales + slot * kScales);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (as gemv_bulk's: reads before refill)
+        barrier_arrive(&empty[slot]);
+        if (j * kWarps + warp < tiles) {  // (a partial last chunk)
+          uint4 xl[4], none[4];
+          load_shared(xl[0], xl[1], x_next);
+          load_shared(xl[2], xl[3], x_next + 32);
+          Nvfp4Columns::tile<false>(d, wg, wh, {both}, {}, xl, none);
+        }
+        x_next += x_step;
+        if (++slot == kStages) slot = 0, parity ^= 1;
       }
-      x_next += x_step;
-      if (++slot == kStages) slot = 0, parity ^= 1;
+      Nvfp4Columns::finish(d);
+      if (w == 0 && strip != blockIdx.x) sync_consumers<kWarps>();  // warp 0 has read the last strip's sums
+      store_partial<false>(partial[w * kWarps + warp], d, lane);
     }
-    Nvfp4Columns::finish(d);
-    if (strip != blockIdx.x) sync_consumers<kWarps>();  // warp 0 has read the last strip's partial sums
-    store_partial<false>(partial[warp], d, lane);
     sync_consumers<kWarps>();
     if (warp == 0) {
-      const int part = part_of(parts, strip);
-      write_rows<Nvfp4Columns, false, kWarps, false>(partial, parts, strip, (strip - pick(parts.first_block, part)) * 16,
-                                                     M, lane);
+      const int part = kGlu ? 0 : part_of(parts, strip);
+      write_rows<Nvfp4Columns, false, kWeights * kWarps, kGlu>(partial, parts, strip,
+                                                               (strip - pick(parts.first_block, part)) * 16, M, lane);
     }
   }
 }
@@ -1055,14 +1071,14 @@ cudaError_t launch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int bloc
   return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, M, K);
 }
 
-// A bulk-block-columns launch (one row): as many blocks as fit at once (the kernel walks the strips), each
-// with the slots, then x and its 64 zero bytes, past the default 48 KB by opting in once a kernel to what a
-// block can have; refused where they exceed it. (The occupancy is asked on every launch: free in a CUDA
-// graph, a few us on an eager step.)
-template <int kWarps, int kStages>
-cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int K, bool pdl,
-                                cudaStream_t stream) {
-  auto* kernel = gemv_bulk_columns<kWarps, kStages>;
+// A bulk-block-columns launch (one row): as many blocks as fit at once (the kernel walks the strips: glu,
+// gate's), each with the slots, then x and its 64 zero bytes, past the default 48 KB by opting in once a
+// kernel to what a block can have; refused where they exceed it. (The occupancy is asked on every launch:
+// free in a CUDA graph, a few us on an eager step.)
+template <int kWarps, int kStages, class Stage, bool kGlu>
+cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, int strips, int K, bool pdl,
+                                const Stage& stage, cudaStream_t stream) {
+  auto* kernel = gemv_bulk_columns<kWarps, kStages, Stage, kGlu>;
   static const int most_bytes = [kernel] {
     int device = 0, optin = 0;
     cudaGetDevice(&device);
@@ -1078,8 +1094,8 @@ cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, 
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (kWarps + 1) * 32, shared);
-  Launch l(std::min(blocks, std::max(per_sm, 1) * sms), (kWarps + 1) * 32, shared, pdl, stream);
-  return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, 1, K);
+  Launch l(std::min(strips, std::max(per_sm, 1) * sms), (kWarps + 1) * 32, shared, pdl, stream);
+  return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, 1, K, stage);
 }
 
 // The bulk pipeline's (consumer warps, slots) in {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}; blocks: the
@@ -1097,17 +1113,33 @@ cudaError_t dispatch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int bl
   }
 }
 
-// bulk-block-columns at one row, in the bulk pipeline's shapes.
-cudaError_t dispatch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int K, int warps,
-                                  int depth, bool pdl, cudaStream_t stream) {
+// bulk-block-columns at one row, in the bulk pipeline's shapes; staged through a norm or glu, in the two
+// shapes cuda_ops.bulk_shape picks (4 warps and 8 slots, 8 and 4) only.
+template <class Stage, bool kGlu>
+cudaError_t dispatch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, int strips, int K, int warps,
+                                  int depth, bool pdl, const Stage& stage, cudaStream_t stream) {
   switch (warps * 10 + depth) {
-    case 44: return launch_bulk_columns<4, 4>(x, parts, blocks, K, pdl, stream);
-    case 48: return launch_bulk_columns<4, 8>(x, parts, blocks, K, pdl, stream);
-    case 82: return launch_bulk_columns<8, 2>(x, parts, blocks, K, pdl, stream);
-    case 84: return launch_bulk_columns<8, 4>(x, parts, blocks, K, pdl, stream);
-    case 88: return launch_bulk_columns<8, 8>(x, parts, blocks, K, pdl, stream);
-    default: return cudaErrorInvalidValue;
+    case 48: return launch_bulk_columns<4, 8, Stage, kGlu>(x, parts, strips, K, pdl, stage, stream);
+    case 84: return launch_bulk_columns<8, 4, Stage, kGlu>(x, parts, strips, K, pdl, stage, stream);
   }
+  if constexpr (std::is_same_v<Stage, PlainX> && !kGlu) {
+    switch (warps * 10 + depth) {
+      case 44: return launch_bulk_columns<4, 4, Stage, kGlu>(x, parts, strips, K, pdl, stage, stream);
+      case 82: return launch_bulk_columns<8, 2, Stage, kGlu>(x, parts, strips, K, pdl, stage, stream);
+      case 88: return launch_bulk_columns<8, 8, Stage, kGlu>(x, parts, strips, K, pdl, stage, stream);
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+// bulk-block-columns at one row: the stage (norm or not) and glu as the kernel's template arguments.
+cudaError_t dispatch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int K, int warps,
+                                  int depth, bool pdl, bool glu, const NinferAddNorm* norm, cudaStream_t stream) {
+  if (norm != nullptr)
+    return glu ? dispatch_bulk_columns<NinferAddNorm, true>(x, parts, blocks / 2, K, warps, depth, pdl, *norm, stream)
+               : dispatch_bulk_columns<NinferAddNorm, false>(x, parts, blocks, K, warps, depth, pdl, *norm, stream);
+  return glu ? dispatch_bulk_columns<PlainX, true>(x, parts, blocks / 2, K, warps, depth, pdl, PlainX{}, stream)
+             : dispatch_bulk_columns<PlainX, false>(x, parts, blocks, K, warps, depth, pdl, PlainX{}, stream);
 }
 
 // The ring's (warps, depth) in {4, 8, 16} x {2, 4}; every part's N % 16 == 0, blocks = their sum / 16.
@@ -1154,18 +1186,19 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
                            int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
                            cudaStream_t stream) {
   using ninfer_sm90::Nvfp4;
-  if (count < 1 || count > ninfer_sm90::kMaxParts ||
-      (glu && (count != 2 || n[0] != n[1] || !tiled || pipeline != ninfer_sm90::kBulk)) ||
-      (norm != nullptr && (!tiled || M != 1 || pipeline != ninfer_sm90::kRingBlockColumns || norm->weight == nullptr)))
+  const bool bulk = pipeline == ninfer_sm90::kBulk || pipeline == ninfer_sm90::kBulkBlockColumns;
+  const bool columns = pipeline == ninfer_sm90::kRingBlockColumns || pipeline == ninfer_sm90::kBulkBlockColumns;
+  if (count < 1 || count > ninfer_sm90::kMaxParts || (glu && (count != 2 || n[0] != n[1] || !tiled || !bulk)) ||
+      (norm != nullptr && (!tiled || M != 1 || !columns || norm->weight == nullptr)))
     return static_cast<int>(cudaErrorInvalidValue);
   Nvfp4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p) args[p] = {static_cast<const uint8_t*>(scale[p]), s2[p]};
   ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, glu ? 1 : count, n);
   cudaError_t err;
-  if (pipeline == ninfer_sm90::kBulkBlockColumns && M == 1 && tiled && !glu)
-    err = ninfer_sm90::dispatch_bulk_columns(x, parts, blocks, K, warps, depth, pdl, stream);
-  else if (pipeline == ninfer_sm90::kBulk || pipeline == ninfer_sm90::kBulkBlockColumns)  // (more rows: bulk's)
+  if (pipeline == ninfer_sm90::kBulkBlockColumns && M == 1 && tiled)
+    err = ninfer_sm90::dispatch_bulk_columns(x, parts, blocks, K, warps, depth, pdl, glu, norm, stream);
+  else if (bulk)  // (bulk-block-columns at more rows: bulk's)
     err = !tiled ? cudaErrorInvalidValue
           : glu ? ninfer_sm90::dispatch_bulk<true>(x, parts, blocks / 2, M, K, warps, depth, pdl, stream)
                 : ninfer_sm90::dispatch_bulk<false>(x, parts, blocks, M, K, warps, depth, pdl, stream);

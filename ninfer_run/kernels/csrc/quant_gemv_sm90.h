@@ -11,7 +11,7 @@ namespace ninfer_sm90 {
 enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3, kBulkBlockColumns = 4 };
 }  // namespace ninfer_sm90
 
-// The RMSNorm a one-token ring-block-columns launch applies to x as it stages it, so a layer's residual
+// The RMSNorm a one-token block-columns launch (ring or bulk) applies to x as it stages it, so a layer's residual
 // add and norm need no kernel of their own before its first projection: the GEMV's x is
 // RMSNorm(x + residual) * (offset + weight) (offset 0: weight times the rounded norm), rounded as
 // layers.rms_norm_reference rounds. Block 0 also writes the sum and the normed row where asked.
@@ -25,9 +25,9 @@ struct NinferAddNorm {
 
 // `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the launch's CUDA error code
 // (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a pipeline the layout has
-// not: staged x is the tiled layouts', bulk copies the tiled NVFP4 layout's). glu (the bulk pipeline): two
+// not: staged x is the tiled layouts', bulk copies the tiled NVFP4 layout's). glu (the bulk pipelines): two
 // weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N]. norm (nullptr: none): see
-// NinferAddNorm; tiled NVFP4, M = 1, the ring-block-columns pipeline only.
+// NinferAddNorm; tiled NVFP4, M = 1, the block-columns pipelines only (with glu: bulk-block-columns).
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
                            int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
