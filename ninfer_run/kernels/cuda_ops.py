@@ -188,11 +188,16 @@ GLU_PIPELINES = ("bulk", "bulk-block-columns")  # those that can write SiLU(gate
 NORM_PIPELINES = ("ring-block-columns", "bulk-block-columns")  # those that can stage a layer norm (one row)
 
 
-def pipeline_for(pipeline: str | None = None) -> str:
-    """The pipeline a tiled NVFP4 GEMV runs: `pipeline`, else PIPELINE as it is now (tools/bench.py
-    --ab-pipeline changes it), "auto" resolved (ring-block-columns: M = 1 its own, other rows staged x)."""
+AUTO_ONE_ROW = "ring-block-columns"  # what "auto" runs at one row (more rows: ring-staged-x)
+
+
+def pipeline_for(pipeline: str | None = None, rows: int = 1) -> str:
+    """The pipeline a tiled NVFP4 GEMV of `rows` rows runs: `pipeline`, else PIPELINE as it is now
+    (tools/bench.py --ab-pipeline changes it), "auto" resolved: AUTO_ONE_ROW at one row, ring-staged-x at more."""
     pipeline = PIPELINE if pipeline is None else pipeline
-    return "ring-block-columns" if pipeline == "auto" else pipeline
+    if pipeline != "auto":
+        return pipeline
+    return AUTO_ONE_ROW if rows == 1 else "ring-staged-x"
 
 
 def bulk_shape(k: int) -> tuple[int, int]:
@@ -224,7 +229,7 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
     set of decode figures). `shape`: the pipeline's, as for their total N (gemv_shape, bulk_shape).
     `glu` (tiled, the bulk pipelines): the weights are gate and up of one N -> [SiLU(x @ gate^T) *
     (x @ up^T)], from the float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own)."""
-    pipeline = pipeline_for(pipeline) if tiled else "ring"
+    pipeline = pipeline_for(pipeline, x.shape[0]) if tiled else "ring"
     if glu and (pipeline not in GLU_PIPELINES or len(weights) != 2):
         raise ValueError(f"glu: gate and up in the bulk pipeline (tiled), not {len(weights)} weights in {pipeline!r}")
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]

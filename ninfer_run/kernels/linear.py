@@ -76,7 +76,7 @@ class QuantizedLinear:
         if len(kernels) != 1 or None in kernels:
             return None
         if glu and (len(weights) != 2 or weights[0].shape != weights[1].shape or kernels != {"nvfp4"}
-                    or cuda_ops.pipeline_for() not in cuda_ops.GLU_PIPELINES):
+                    or cuda_ops.pipeline_for(rows=x2.shape[0]) not in cuda_ops.GLU_PIPELINES):
             return None
         x2 = x2.to(torch.bfloat16)  # (the tiled NVFP4 kernel takes any rows as bf16; results are cast back)
         if kernels == {"nvfp4"}:

@@ -358,25 +358,31 @@ def test_sm90a_gemv_compiles_and_gpu_check_names_a_kernel_it_has(tmp_path):
 
 
 def test_pipeline_choice_and_glu_refusal(monkeypatch):
-    """NINFER_GEMV_PIPELINE=auto runs one row with the blocks as MMA columns, more on the ring with x
-    staged (as measured, gpu_notes stops 18 and 21);
-    an explicit choice wins; gate+up+SiLU-mul in one launch (glu) is the bulk pipeline's only, refused
+    """NINFER_GEMV_PIPELINE=auto runs one row with the blocks as MMA columns (AUTO_ONE_ROW), more on the
+    ring with x staged (as measured, gpu_notes stops 18, 21 and 26);
+    an explicit choice wins; gate+up+SiLU-mul in one launch (glu) is the bulk pipelines' only, refused
     before any kernel runs."""
     from ninfer_run.kernels import cuda_ops
 
     monkeypatch.setattr(cuda_ops, "PIPELINE", "auto")
-    assert cuda_ops.pipeline_for() == "ring-block-columns"
-    assert cuda_ops.pipeline_for("ring") == "ring" and cuda_ops.pipeline_for("bulk") == "bulk"
+    assert cuda_ops.pipeline_for() == cuda_ops.AUTO_ONE_ROW in cuda_ops.NORM_PIPELINES
+    assert all(cuda_ops.pipeline_for(rows=m) == "ring-staged-x" for m in (2, 8, 16))
+    assert cuda_ops.pipeline_for("ring") == "ring" and cuda_ops.pipeline_for("bulk", rows=4) == "bulk"
     monkeypatch.setattr(cuda_ops, "PIPELINE", "ring")
     assert cuda_ops.pipeline_for() == "ring"
     x = torch.zeros(4, 256, dtype=torch.bfloat16)
     weight = (torch.zeros(1, 2, 1024, dtype=torch.uint8), torch.zeros(1, 2, 128, dtype=torch.uint8), torch.ones(1))
+    monkeypatch.setattr(cuda_ops, "PIPELINE", "auto")
     with pytest.raises(ValueError, match="bulk pipeline"):
-        cuda_ops.nvfp4_gemv_group(x, [weight, weight], tiled=True, glu=True)  # auto: the ring
+        cuda_ops.nvfp4_gemv_group(x, [weight, weight], tiled=True, glu=True)  # auto at 4 rows: the staged ring
     with pytest.raises(ValueError, match="bulk pipeline"):
         cuda_ops.nvfp4_gemv_group(x[:1], [weight], tiled=True, pipeline="bulk", glu=True)  # one weight
-    assert cuda_ops.bulk_shape(5120) == (8, 4) and cuda_ops.bulk_shape(256) == (4, 8)
-    # bulk-block-columns launches in the bulk pipeline's shapes, and has no gate+up+SiLU-mul launch
-    assert cuda_ops.nvfp4_shape("bulk-block-columns", 64, 5120, x.device) == (8, 4)
     with pytest.raises(ValueError, match="bulk pipeline"):
-        cuda_ops.nvfp4_gemv_group(x, [weight, weight], tiled=True, pipeline="bulk-block-columns", glu=True)
+        cuda_ops.nvfp4_gemv_group(x[:1], [weight, weight], tiled=True, pipeline="ring-block-columns", glu=True)
+    assert cuda_ops.bulk_shape(5120) == (8, 4) and cuda_ops.bulk_shape(256) == (4, 8)
+    # bulk-block-columns launches in the bulk pipeline's shapes; its staged norm and glu forms in bulk_shape's
+    assert cuda_ops.nvfp4_shape("bulk-block-columns", 64, 5120, x.device) == (8, 4)
+    assert {cuda_ops.bulk_shape(k) for k in (256, 5120)} == cuda_ops.STAGED_BULK_SHAPES
+    with pytest.raises(ValueError, match="staged norm"):
+        cuda_ops.nvfp4_norm_gemv_group(x[:1], None, x[0], 1e-6, 1.0, [weight, weight], pipeline="ring-block-columns",
+                                       glu=True)
