@@ -19,7 +19,9 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - with --ab-pipeline NAME, decode each concurrency again, with the default pipeline and then with the
     NVFP4 GEMV streaming its weights through NAME (cuda_ops.PIPELINE_NAMES; an A/B of adjacent runs: each
     decode captures its own graphs); with --ab-fused-norm, likewise with the one-row layer norms staged
-    by the GEMV after them and with a norm kernel of their own (cuda_ops.FUSED_NORM flipped).
+    by the GEMV after them and with a norm kernel of their own (cuda_ops.FUSED_NORM flipped); with
+    --ab-fused-glu, with SwiGLU's SiLU-mul written by gate and up's launch and by a kernel of its own
+    (cuda_ops.FUSED_GLU flipped).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
 difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
@@ -394,6 +396,7 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
     # machine's drift over the run stays out of the A/B)
     flips = [("pipeline", "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []
     flips += [("fused norm", "FUSED_NORM", not cuda_ops.FUSED_NORM)] if args.ab_fused_norm else []
+    flips += [("fused glu", "FUSED_GLU", not cuda_ops.FUSED_GLU)] if args.ab_fused_glu else []
     for label, name, other in flips:
         default = getattr(cuda_ops, name)
         try:
@@ -433,6 +436,8 @@ def main() -> None:
                         help="also decode each concurrency with the NVFP4 GEMV's weights streamed this way (an A/B)")
     parser.add_argument("--ab-fused-norm", action="store_true",
                         help="also decode each concurrency with the one-row layer norms fused into the GEMVs and not")
+    parser.add_argument("--ab-fused-glu", action="store_true",
+                        help="also decode each concurrency with SwiGLU's SiLU-mul in gate and up's launch and not")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
@@ -461,7 +466,7 @@ def main() -> None:
         p = results["profiles"][profile] = {
             "build_s": time.perf_counter() - t0, "weights_GiB": weights / 2**30, "read_GiB": read_bytes / 2**30,
             "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / read_bytes, "gemv_pipeline": cuda_ops.PIPELINE,
-            "fused_norm": cuda_ops.FUSED_NORM,
+            "fused_norm": cuda_ops.FUSED_NORM, "fused_glu": cuda_ops.FUSED_GLU,
             "prefill": [], "decode": []}
         p["kv_capacity"] = kv_capacity(model, entry, config, weights, device)
         save()

@@ -400,7 +400,7 @@ def mlp_chain(device: str, only: list[str] | None = None) -> list[dict]:
     def engine_block(w, staged: bool, pipeline: str = "ring-block-columns", glu: bool = False):
         """The engine's one-row MLP block (PDL): x + residual and its norm, gate and up, SiLU-mul, down; the
         norm in a kernel of its own or staged by gate and up's launch (cuda_ops.FUSED_NORM), and with `glu`
-        (bulk-block-columns) the SiLU-mul written by that launch: two GEMVs back to back."""
+        the SiLU-mul written by that launch (cuda_ops.FUSED_GLU): two GEMVs back to back."""
         gate_up = [(*w["gate"], s2), (*w["up"], s2)]
         if staged:
             _, _, ys = cuda_ops.nvfp4_norm_gemv_group(x, residual, norm_w, 1e-6, 1.0, gate_up, pipeline=pipeline, glu=glu)
@@ -431,6 +431,8 @@ def mlp_chain(device: str, only: list[str] | None = None) -> list[dict]:
                    for a, b in ((16, 2), (8, 4), (4, 2))},
                 "engine block, norm apart": lambda w: engine_block(w, False),
                 "engine block, norm staged": lambda w: engine_block(w, True),
+                "engine block, norm staged, glu": lambda w: engine_block(w, True, glu=True),
+                "engine block, norm apart, glu": lambda w: engine_block(w, False, glu=True),
                 "bulk block columns GEMVs alone": lambda w: block(w, True, True, small_ops=False,
                                                                   pipeline="bulk-block-columns"),
                 "grouped+pdl bulk block columns": lambda w: block(w, True, True, pipeline="bulk-block-columns"),

@@ -66,8 +66,8 @@ class QuantizedLinear:
         """x @ W^T for 1 to 3 weights as one CUDA GEMV launch (they read the same x: gate and up, q/k/v):
         one launch instead of three; None where they cannot share one (more rows than a GEMV takes, a
         plain tensor among them, a weight the CUDA kernels do not read). `glu`: weights are gate and up
-        of one shape -> [SiLU(x @ gate^T) * (x @ up^T)] from the kernel's float32 sums, where an NVFP4
-        bulk pipeline runs these rows (cuda_ops.GLU_PIPELINES), else None."""
+        of one shape -> [SiLU(x @ gate^T) * (x @ up^T)] from the kernel's float32 sums, where the NVFP4
+        launch of these rows writes it (cuda_ops.uses_glu), else None."""
         lead, k = x.shape[:-1], x.shape[-1]
         if not x.is_cuda or x.numel() // k > GEMV_MAX_ROWS or len(weights) > MAX_GROUP:
             return None
@@ -76,7 +76,7 @@ class QuantizedLinear:
         if len(kernels) != 1 or None in kernels:
             return None
         if glu and (len(weights) != 2 or weights[0].shape != weights[1].shape or kernels != {"nvfp4"}
-                    or cuda_ops.pipeline_for(rows=x2.shape[0]) not in cuda_ops.GLU_PIPELINES):
+                    or not cuda_ops.uses_glu(x2.shape[0])):
             return None
         x2 = x2.to(torch.bfloat16)  # (the tiled NVFP4 kernel takes any rows as bf16; results are cast back)
         if kernels == {"nvfp4"}:
@@ -92,12 +92,14 @@ class QuantizedLinear:
         """layers.add_rms_norm_linear_group as one launch: (x + residual, its RMSNorm if `normed`, that norm
         @ W^T for each weight) where the one-row NVFP4 GEMV stages the norm itself (cuda_ops.norm_gemv_fits:
         tiled NVFP4, one bf16 row), else None. `glu`: weights are gate and up -> [SiLU(gate) * up] as the
-        outputs, where the pipeline writes it (bulk-block-columns), else None."""
+        outputs, where the launch writes it (cuda_ops.uses_glu), else None."""
         k = x.shape[-1]
         if (not x.is_cuda or x.numel() != k or len(weights) > MAX_GROUP or x.dtype != torch.bfloat16
                 or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype))):
             return None
         x2 = x.reshape(1, k)
+        if glu and not cuda_ops.uses_glu(1):
+            return None
         if not all(isinstance(w, QuantizedLinear) and w._cuda_gemv(x2) == "nvfp4" for w in weights):
             return None
         parts = [w._nvfp4_parts() for w in weights]

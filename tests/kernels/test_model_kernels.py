@@ -87,11 +87,12 @@ def test_engine_on_cuda_matches_the_cpu_reference(packed, profile):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("model_id", ["tiny-qwen3.5", "tiny-qwen3"])  # zero-centred (1 + w) and plain norms
-@pytest.mark.parametrize("pipeline", ["ring-block-columns", "bulk-block-columns"])
-def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, model_id, pipeline):
+@pytest.mark.parametrize("pipeline,glu", [("ring-block-columns", False), ("ring-block-columns", True),
+                                          ("bulk-block-columns", True)])
+def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, model_id, pipeline, glu):
     """At one row on Hopper every layer's input and post-attention norm runs inside the NVFP4 GEMV that
-    reads it (cuda_ops.nvfp4_norm_gemv_group: two launches a layer, none at more rows; bulk-block-columns'
-    MLP launch writes SiLU(gate) * up too, glu), and the logits are those of the same model with a norm
+    reads it (cuda_ops.nvfp4_norm_gemv_group: two launches a layer, none at more rows; with FUSED_GLU the
+    MLP's launch writes SiLU(gate) * up too), and the logits are those of the same model with a norm
     kernel before each GEMV (NINFER_FUSED_NORM=0), to bf16 rounding."""
     from ninfer_run.kernels import cuda_ops
     from ninfer_run.loader import load
@@ -100,6 +101,7 @@ def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, m
         pytest.skip("no sm_90 GPU or the extension did not build")
     model = load(packed(model_id, "nvfp4"), device="cuda", dtype=torch.bfloat16).model
     monkeypatch.setattr(cuda_ops, "PIPELINE", pipeline)
+    monkeypatch.setattr(cuda_ops, "FUSED_GLU", glu)
     calls = []  # each launch's glu
     launch = cuda_ops.nvfp4_norm_gemv_group
     monkeypatch.setattr(cuda_ops, "nvfp4_norm_gemv_group",
@@ -114,6 +116,6 @@ def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, m
         assert calls == []  # 20 rows: a norm kernel, then dequantize + matmul
         steps = [model.forward(tokens[i : i + 1], state)[1] for i in range(20, 24)]
         assert len(calls) == (4 * 2 * layers if fused else 0)
-        assert sum(calls) == (4 * layers if fused and pipeline == "bulk-block-columns" else 0)
+        assert sum(calls) == (4 * layers if fused and glu else 0)
         logits[fused] = torch.cat([prefill, *steps])
     assert _rel(logits[True], logits[False]) < 2e-2

@@ -214,15 +214,17 @@ def test_engine_with_static_decode_matches_eager(tiny_model):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="graphs are captured on CUDA")
-@pytest.mark.parametrize("profile,pipeline", [("nvfp4", "auto"), ("nvfp4", "bulk-block-columns"), ("int4", "auto")])
-def test_captured_graph_replays_the_eager_step(packed, monkeypatch, profile, pipeline):
+@pytest.mark.parametrize("profile,pipeline,glu", [("nvfp4", "auto", False), ("nvfp4", "auto", True),
+                                                  ("nvfp4", "bulk-block-columns", True), ("int4", "auto", False)])
+def test_captured_graph_replays_the_eager_step(packed, monkeypatch, profile, pipeline, glu):
     """Packed weights on the GPU (GEMV kernels, paged INT8 attention, the in-place GDN step) under replay; at
-    one row the NVFP4 GEMVs also stage the layer norms before them (cuda_ops.nvfp4_norm_gemv_group; in
-    bulk-block-columns gate and up's launch writes SiLU(gate) * up too)."""
+    one row the NVFP4 GEMVs also stage the layer norms before them (cuda_ops.nvfp4_norm_gemv_group; with
+    FUSED_GLU gate and up's launch writes SiLU(gate) * up too)."""
     from ninfer_run.kernels import cuda_ops
     from ninfer_run.loader import load
 
     monkeypatch.setattr(cuda_ops, "PIPELINE", pipeline)
+    monkeypatch.setattr(cuda_ops, "FUSED_GLU", glu)
     model = load(packed("tiny-qwen3.5", profile), device="cuda", dtype=torch.bfloat16).model
     pool, layers, decoder = _setup(model, max_batch=4)
     prompts = _prompts(3, seed=6)
