@@ -35,6 +35,7 @@ GEMV_SHAPES = {(w, d) for w in (4, 8, 16) for d in (2, 4)}  # (warps per block, 
 BULK_SHAPES = {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}  # the bulk pipeline's (consumer warps = tiles per slot, slots)
 STAGED_BULK_SHAPES = {(4, 8), (8, 4)}  # bulk_shape's: bulk-block-columns' with a staged norm or glu (csrc)
 
+
 def _build_dir() -> Path:
     digest = hashlib.sha256()
     for name in SOURCES + HEADERS:
