@@ -46,7 +46,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cp
         t = artifact.entry(name)
         if kernels and t.scheme["kind"] != "plain" and len(t.logical_shape) == 2:
             parts = {role: p.to(device) for role, p in artifact.logical_parts(name, check=check).items()}
-            return QuantizedLinear(t.scheme, parts, t.logical_shape, scratch)
+            return QuantizedLinear(t.scheme, parts, t.logical_shape, scratch, name)
         return artifact.dequantized(name, check=check).to(device=device, dtype=dtype)
 
     def weights(keep) -> dict:

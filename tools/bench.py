@@ -21,7 +21,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     decode captures its own graphs); with --ab-fused-norm, likewise with the one-row layer norms staged
     by the GEMV after them and with a norm kernel of their own (cuda_ops.FUSED_NORM flipped); with
     --ab-fused-glu, with SwiGLU's SiLU-mul written by gate and up's launch and by a kernel of its own
-    (cuda_ops.FUSED_GLU flipped).
+    (cuda_ops.FUSED_GLU flipped); with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone streamed
+    through NAME (cuda_ops.MLP_PIPELINE).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
 difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
@@ -92,7 +93,7 @@ def build_model(model_id: str, profile: str, device: str, dtype: torch.dtype):
         scheme = classes[t.tensor_class]
         if scheme["kind"] != "plain" and len(t.shape) == 2:
             parts = quantize_tensor(scheme, w, t.name)
-            weights[t.name] = QuantizedLinear(scheme, parts, t.shape, scratch)
+            weights[t.name] = QuantizedLinear(scheme, parts, t.shape, scratch, t.name)
             nbytes = sum(p.numel() * p.element_size() for p in parts.values())
         else:
             weights[t.name] = w.to(dtype)
@@ -397,6 +398,7 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
     flips = [("pipeline", "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []
     flips += [("fused norm", "FUSED_NORM", not cuda_ops.FUSED_NORM)] if args.ab_fused_norm else []
     flips += [("fused glu", "FUSED_GLU", not cuda_ops.FUSED_GLU)] if args.ab_fused_glu else []
+    flips += [("mlp pipeline", "MLP_PIPELINE", args.ab_mlp_pipeline)] if args.ab_mlp_pipeline else []
     for label, name, other in flips:
         default = getattr(cuda_ops, name)
         try:
@@ -436,6 +438,8 @@ def main() -> None:
                         help="also decode each concurrency with the NVFP4 GEMV's weights streamed this way (an A/B)")
     parser.add_argument("--ab-fused-norm", action="store_true",
                         help="also decode each concurrency with the one-row layer norms fused into the GEMVs and not")
+    parser.add_argument("--ab-mlp-pipeline", choices=cuda_ops.PIPELINE_NAMES, default=None,
+                        help="also decode each concurrency with the MLP's NVFP4 GEMVs streamed this way (an A/B)")
     parser.add_argument("--ab-fused-glu", action="store_true",
                         help="also decode each concurrency with SwiGLU's SiLU-mul in gate and up's launch and not")
     parser.add_argument("--smoke", action="store_true")
@@ -467,6 +471,7 @@ def main() -> None:
             "build_s": time.perf_counter() - t0, "weights_GiB": weights / 2**30, "read_GiB": read_bytes / 2**30,
             "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / read_bytes, "gemv_pipeline": cuda_ops.PIPELINE,
             "fused_norm": cuda_ops.FUSED_NORM, "fused_glu": cuda_ops.FUSED_GLU,
+            "mlp_pipeline": cuda_ops.MLP_PIPELINE,
             "prefill": [], "decode": []}
         p["kv_capacity"] = kv_capacity(model, entry, config, weights, device)
         save()

@@ -14,16 +14,19 @@ file=$1 expression=$2
 shift 2
 copy=$(mktemp -d)
 trap 'rm -rf "$copy"' EXIT
-cp -r ninfer_run ninfer_pack formats registry tests pyproject.toml "$copy"/
+cp -r ninfer_run ninfer_pack formats registry tests tools pyproject.toml "$copy"/
 sed -i "$expression" "$copy/$file"
 if cmp -s "$file" "$copy/$file"; then
     echo "mutation_check: '$expression' changes nothing in $file" >&2
     exit 2
 fi
 diff "$file" "$copy/$file"
-(cd "$copy" && NINFER_CACHE="$copy/.cache" PYTHONPATH="$copy${PYTHONPATH:+:$PYTHONPATH}" \
+summary=$(cd "$copy" && NINFER_CACHE="$copy/.cache" PYTHONPATH="$copy${PYTHONPATH:+:$PYTHONPATH}" \
     python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 | tail -5)
-status=${PIPESTATUS[0]}
-if [ "$status" = 1 ]; then echo "mutation_check: caught (a test failed)"; exit 0; fi
-echo "mutation_check: NOT caught (pytest exit status $status)" >&2
+echo "$summary"
+# a failed test, not an error in collection or a fixture (pytest exits 1 for both)
+if grep -qE "[0-9]+ failed" <<<"$summary" && ! grep -qE "[0-9]+ errors?" <<<"$summary"; then
+    echo "mutation_check: caught (a test failed)"; exit 0
+fi
+echo "mutation_check: NOT caught (no test failed, or errors)" >&2
 exit 1

@@ -198,18 +198,26 @@ def glu_fits(pipeline: str, rows: int) -> bool:
     return pipeline in ("bulk", "bulk-block-columns") or (pipeline == "ring-block-columns" and rows == 1)
 
 
-def uses_glu(rows: int) -> bool:
+def uses_glu(rows: int, mlp: bool = True) -> bool:
     """Whether the engine's SwiGLU launches of `rows` rows write SiLU(gate) * up themselves now (FUSED_GLU)."""
-    return FUSED_GLU and glu_fits(pipeline_for(rows=rows), rows)
+    return FUSED_GLU and glu_fits(pipeline_for(rows=rows, mlp=mlp), rows)
 
 
 AUTO_ONE_ROW = "ring-block-columns"  # what "auto" runs at one row (more rows: ring-staged-x)
+# The pipeline of the MLP's launches (QuantizedLinear.mlp: gate and up, down), "" for PIPELINE's. Apart because
+# they alone follow and precede GEMVs only (the norm staged, glu): a persistent grid's start and end hide behind
+# them under PDL, not behind a Triton kernel (gpu_notes stop 25). Read at each call (bench --ab-mlp-pipeline).
+MLP_PIPELINE = os.environ.get("NINFER_MLP_PIPELINE", "")
+if MLP_PIPELINE not in ("", *PIPELINE_NAMES):
+    raise ValueError(f"NINFER_MLP_PIPELINE={MLP_PIPELINE!r}: empty or one of {PIPELINE_NAMES}")
 
 
-def pipeline_for(pipeline: str | None = None, rows: int = 1) -> str:
-    """The pipeline a tiled NVFP4 GEMV of `rows` rows runs: `pipeline`, else PIPELINE as it is now
-    (tools/bench.py --ab-pipeline changes it), "auto" resolved: AUTO_ONE_ROW at one row, ring-staged-x at more."""
-    pipeline = PIPELINE if pipeline is None else pipeline
+def pipeline_for(pipeline: str | None = None, rows: int = 1, mlp: bool = False) -> str:
+    """The pipeline a tiled NVFP4 GEMV of `rows` rows runs: `pipeline`, else PIPELINE as it is now (MLP_PIPELINE
+    for an MLP's weights where set; tools/bench.py --ab-pipeline changes them), "auto" resolved: AUTO_ONE_ROW
+    at one row, ring-staged-x at more."""
+    if pipeline is None:
+        pipeline = MLP_PIPELINE if mlp and MLP_PIPELINE else PIPELINE
     if pipeline != "auto":
         return pipeline
     return AUTO_ONE_ROW if rows == 1 else "ring-staged-x"
@@ -269,15 +277,16 @@ def _nvfp4_operands(weights: list[tuple], device: torch.device) -> tuple[list, l
 FUSED_NORM = os.environ.get("NINFER_FUSED_NORM", "1") != "0"
 
 
-def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Tensor, glu: bool = False) -> bool:
+def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Tensor, glu: bool = False,
+                   pipeline: str | None = None) -> bool:
     """Whether nvfp4_norm_gemv_group takes this: FUSED_NORM, one bf16 row of K % 128 == 0 and a bf16 norm
-    weight of K, tiled NVFP4 weights in a pipeline of NORM_PIPELINES (`glu`: two of one N), and what a block
+    weight of K, tiled NVFP4 weights in `pipeline` (pipeline_for's) of NORM_PIPELINES (`glu`: two of one N), and what a block
     stages within its shared memory: ring-block-columns x (and the zeros after it), the partial sums (glu:
     gate's and up's) and the warps' sums in the 48 KB a block gets (csrc launch_persistent); bulk-block-columns
     the slots too, in the 227 KB a Hopper block can opt in to (csrc launch_bulk_columns)."""
     m, k = x.shape
     rows = [q.shape[0] * 16 for q, _, _ in weights]
-    pipeline = pipeline_for()
+    pipeline = pipeline_for(pipeline)
     if not (FUSED_NORM and m == 1 and norm_weight.dtype == torch.bfloat16 and norm_weight.numel() == k
             and pipeline in NORM_PIPELINES and gemv_fits(x, sum(rows))):
         return False

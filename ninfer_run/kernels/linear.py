@@ -31,10 +31,15 @@ class Scratch:
 
 
 class QuantizedLinear:
-    def __init__(self, scheme: dict, parts: dict[str, torch.Tensor], shape: tuple[int, int], scratch: Scratch):
+    """`name`: the artifact's tensor name; an MLP's weight (gate, up, down: ".mlp." in it) may run its NVFP4
+    GEMVs in a pipeline of their own (cuda_ops.MLP_PIPELINE)."""
+
+    def __init__(self, scheme: dict, parts: dict[str, torch.Tensor], shape: tuple[int, int], scratch: Scratch,
+                 name: str = ""):
         if scheme["kind"] not in ("nvfp4", "int"):
             raise ValueError(f"no kernel for scheme {scheme['kind']!r}")
         self.scheme, self.parts, self.shape, self.scratch = scheme, parts, shape, scratch
+        self.mlp = ".mlp." in name
         # NVFP4 and int4-g128 on Hopper: codes (and NVFP4's scales) re-laid once, at load, as the CUDA GEMV
         # streams them (each warp's tile contiguous); prefill dequantizes from the same bytes
         on_gpu = parts["qweight"].is_cuda
@@ -75,12 +80,14 @@ class QuantizedLinear:
         kernels = {w._cuda_gemv(x2) if isinstance(w, QuantizedLinear) else None for w in weights}
         if len(kernels) != 1 or None in kernels:
             return None
+        mlp = weights[0].mlp
         if glu and (len(weights) != 2 or weights[0].shape != weights[1].shape or kernels != {"nvfp4"}
-                    or not cuda_ops.uses_glu(x2.shape[0])):
+                    or not cuda_ops.uses_glu(x2.shape[0], mlp)):
             return None
         x2 = x2.to(torch.bfloat16)  # (the tiled NVFP4 kernel takes any rows as bf16; results are cast back)
         if kernels == {"nvfp4"}:
-            ys = cuda_ops.nvfp4_gemv_group(x2, [w._nvfp4_parts() for w in weights], tiled=True, glu=glu)
+            ys = cuda_ops.nvfp4_gemv_group(x2, [w._nvfp4_parts() for w in weights], tiled=True, glu=glu,
+                                           pipeline=cuda_ops.pipeline_for(rows=x2.shape[0], mlp=mlp))
         else:
             ys = cuda_ops.int4_gemv_group(x2, [(w.parts["qweight"], w.parts["scale"], w.parts.get("zero_point"))
                                                for w in weights], tiled=weights[0].tiled)
@@ -98,15 +105,18 @@ class QuantizedLinear:
                 or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype))):
             return None
         x2 = x.reshape(1, k)
-        if glu and not cuda_ops.uses_glu(1):
-            return None
         if not all(isinstance(w, QuantizedLinear) and w._cuda_gemv(x2) == "nvfp4" for w in weights):
             return None
+        mlp = weights[0].mlp
+        if glu and not cuda_ops.uses_glu(1, mlp):
+            return None
         parts = [w._nvfp4_parts() for w in weights]
-        if not cuda_ops.norm_gemv_fits(x2, parts, norm_weight, glu=glu):
+        pipeline = cuda_ops.pipeline_for(mlp=mlp)
+        if not cuda_ops.norm_gemv_fits(x2, parts, norm_weight, glu=glu, pipeline=pipeline):
             return None
         s, y, ys = cuda_ops.nvfp4_norm_gemv_group(x2, residual.reshape(1, k) if residual is not None else None,
-                                                  norm_weight, eps, offset, parts, normed=normed, glu=glu)
+                                                  norm_weight, eps, offset, parts, normed=normed, glu=glu,
+                                                  pipeline=pipeline)
         return (s.view(x.shape), y.view(x.shape) if y is not None else None,
                 [out.reshape(*x.shape[:-1], w.shape[0]) for out, w in zip(ys, weights)])
 

@@ -52,7 +52,10 @@ def test_quantized_weights_through_the_kernels(packed, profile):
 
     reference = logits(load(path).model)
     if not torch.cuda.is_available():  # Triton's interpreter, float32 throughout
-        assert _rel(logits(load(path, kernels=True).model), reference) < 1e-4
+        model = load(path, kernels=True).model
+        quantized = {name: w for name, w in model.w.items() if not isinstance(w, torch.Tensor)}
+        assert {name for name, w in quantized.items() if w.mlp} == {n for n in quantized if ".mlp." in n} != set()
+        assert _rel(logits(model), reference) < 1e-4
         return
     # compiled, in bf16 (the kernels' activation type): the kernels may not add error beyond what bf16
     # itself costs the same weights on the torch path (the random tiny model amplifies rounding)
@@ -88,24 +91,33 @@ def test_engine_on_cuda_matches_the_cpu_reference(packed, profile):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("model_id", ["tiny-qwen3.5", "tiny-qwen3"])  # zero-centred (1 + w) and plain norms
 @pytest.mark.parametrize("pipeline,glu", [("ring-block-columns", False), ("ring-block-columns", True),
-                                          ("bulk-block-columns", True)])
+                                          ("bulk-block-columns", True), ("mlp:bulk-block-columns", True)])
 def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, model_id, pipeline, glu):
     """At one row on Hopper every layer's input and post-attention norm runs inside the NVFP4 GEMV that
     reads it (cuda_ops.nvfp4_norm_gemv_group: two launches a layer, none at more rows; with FUSED_GLU the
-    MLP's launch writes SiLU(gate) * up too), and the logits are those of the same model with a norm
-    kernel before each GEMV (NINFER_FUSED_NORM=0), to bf16 rounding."""
+    MLP's launch writes SiLU(gate) * up too; "mlp:" the MLP's launches alone in that pipeline, MLP_PIPELINE),
+    and the logits are those of the same model with a norm kernel before each GEMV (NINFER_FUSED_NORM=0),
+    to bf16 rounding."""
     from ninfer_run.kernels import cuda_ops
     from ninfer_run.loader import load
 
     if not cuda_ops.available():
         pytest.skip("no sm_90 GPU or the extension did not build")
     model = load(packed(model_id, "nvfp4"), device="cuda", dtype=torch.bfloat16).model
-    monkeypatch.setattr(cuda_ops, "PIPELINE", pipeline)
+    mlp_only = pipeline.startswith("mlp:")
+    monkeypatch.setattr(cuda_ops, "PIPELINE", "ring-block-columns" if mlp_only else pipeline)
+    monkeypatch.setattr(cuda_ops, "MLP_PIPELINE", pipeline.removeprefix("mlp:"))
     monkeypatch.setattr(cuda_ops, "FUSED_GLU", glu)
     calls = []  # each launch's glu
+    pipelines = set()  # (glu, pipeline) of each launch
     launch = cuda_ops.nvfp4_norm_gemv_group
-    monkeypatch.setattr(cuda_ops, "nvfp4_norm_gemv_group",
-                        lambda *a, **kw: calls.append(kw.get("glu", False)) or launch(*a, **kw))
+
+    def counted(*a, **kw):
+        calls.append(kw.get("glu", False))
+        pipelines.add((kw.get("glu", False), kw.get("pipeline")))
+        return launch(*a, **kw)
+
+    monkeypatch.setattr(cuda_ops, "nvfp4_norm_gemv_group", counted)
     tokens = torch.randint(0, 512, (24,), generator=torch.Generator().manual_seed(8))
     logits = {}
     layers = model.cfg.num_layers
@@ -117,5 +129,7 @@ def test_one_row_steps_stage_the_layer_norms_in_the_gemvs(packed, monkeypatch, m
         steps = [model.forward(tokens[i : i + 1], state)[1] for i in range(20, 24)]
         assert len(calls) == (4 * 2 * layers if fused else 0)
         assert sum(calls) == (4 * layers if fused and glu else 0)
+        if fused and mlp_only:  # the MLP's launch (glu) in MLP_PIPELINE, the layers' others in PIPELINE's
+            assert pipelines == {(True, "bulk-block-columns"), (False, "ring-block-columns")}, pipelines
         logits[fused] = torch.cat([prefill, *steps])
     assert _rel(logits[True], logits[False]) < 2e-2

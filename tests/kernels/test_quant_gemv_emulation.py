@@ -385,6 +385,11 @@ def test_pipeline_choice_and_glu_refusal(monkeypatch):
     assert not cuda_ops.uses_glu(1)
     monkeypatch.setattr(cuda_ops, "FUSED_GLU", True)
     assert cuda_ops.uses_glu(1) and not cuda_ops.uses_glu(2)  # auto: ring-block-columns, then the staged ring
+    # the MLP's launches in a pipeline of their own where MLP_PIPELINE says so; the others keep PIPELINE's
+    monkeypatch.setattr(cuda_ops, "MLP_PIPELINE", "bulk-block-columns")
+    assert cuda_ops.pipeline_for(mlp=True) == "bulk-block-columns" == cuda_ops.pipeline_for(rows=4, mlp=True)
+    assert cuda_ops.pipeline_for() == cuda_ops.AUTO_ONE_ROW and cuda_ops.pipeline_for("ring", mlp=True) == "ring"
+    assert cuda_ops.uses_glu(2, mlp=True) and not cuda_ops.uses_glu(2, mlp=False)
     assert cuda_ops.bulk_shape(5120) == (8, 4) and cuda_ops.bulk_shape(256) == (4, 8)
     # bulk-block-columns launches in the bulk pipeline's shapes; its staged norm and glu forms in bulk_shape's
     assert cuda_ops.nvfp4_shape("bulk-block-columns", 64, 5120, x.device) == (8, 4)
