@@ -587,9 +587,6 @@ __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat1
 
 struct PlainX {};  // a launch that stages x as it is (the other: NinferAddNorm)
 
-// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (ring-staged-x, the
-// engine's pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
-// each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
 // The partial sums of a glu strip's two passes (one array for both instantiations of gemv_strip).
 template <int kWarps, bool kHighTokens>
 __device__ __forceinline__ auto& glu_partial() {
@@ -597,6 +594,9 @@ __device__ __forceinline__ auto& glu_partial() {
   return partial;
 }
 
+// Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (ring-staged-x, the
+// engine's pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
+// each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
 // kPass: -1 the strip's launch part (part_of); glu (Nvfp4Columns, gate and up of one N), 0: gate's rows, then
 // 1: up's (strip: gate's plus up's first block), after which the block writes SiLU(gate) * up (write_rows).
 template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, class Stage, int kPass = -1>
