@@ -174,8 +174,9 @@ PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependen
 # "ring-block-columns" (at M = 1 the staged ring with each NVFP4 block an MMA column, so the block scales
 # multiply fp32 sums, 4 a tile, not the codes, 32, and a persistent grid that stages x once a block:
 # csrc Nvfp4Columns; other rows as ring-staged-x), "bulk-block-columns" (at M = 1 the bulk pipeline's
-# streaming with Nvfp4Columns' arithmetic, a persistent grid, x staged once a block; other rows as bulk; stop 24,
-# not yet measured), or "auto": ring-block-columns (adjacent engine runs on
+# streaming with Nvfp4Columns' arithmetic, a persistent grid, x staged once a block; other rows as bulk; its GEMVs
+# alone 46.9 against 52.2 us an MLP block in stop 25's chain, not yet run in the engine), or "auto":
+# AUTO_ONE_ROW at one row, ring-staged-x at more; ring-block-columns at one row since (adjacent engine runs on
 # the H200: C = 1 147.4 vs ring-staged-x's 140.9 tok/s, gpu_notes stop 21; ring-staged-x had beaten bulk +
 # GLU at C = 1 by 2-3% and the ring at C = 2 and 4 by 3%, stop 18). The row-major layout has the ring only.
 PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2, "ring-block-columns": 3, "bulk-block-columns": 4}
