@@ -34,6 +34,7 @@ TILE_K = 128  # K per warp tile of the GEMVs
 GEMV_SHAPES = {(w, d) for w in (4, 8, 16) for d in (2, 4)}  # (warps per block, tiles in flight per warp)
 BULK_SHAPES = {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}  # the bulk pipeline's (consumer warps = tiles per slot, slots)
 STAGED_BULK_SHAPES = {(4, 8), (8, 4)}  # bulk_shape's: bulk-block-columns' with a staged norm or glu (csrc)
+RING_GLU_SHAPES = {(w, 2) for w in (4, 8, 16)}  # ring-block-columns' glu launch: gemv_shape's depth (csrc)
 
 
 def _build_dir() -> Path:
@@ -297,7 +298,7 @@ def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Ten
     partial_bytes = 512 * warps * (2 if glu else 1)
     if pipeline == "bulk-block-columns":
         return depth * warps * (1024 + 128) + 2 * k + 64 + partial_bytes + 4 * warps + 128 <= 227 * 1024
-    return (not glu or depth == 2) and 2 * k + 64 + partial_bytes + 4 * warps <= 48 * 1024
+    return (not glu or (warps, depth) in RING_GLU_SHAPES) and 2 * k + 64 + partial_bytes + 4 * warps <= 48 * 1024
 
 
 def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

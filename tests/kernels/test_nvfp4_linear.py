@@ -307,7 +307,7 @@ def test_cuda_norm_glu_is_silu_of_gate_times_up_of_the_normed_row(n, kk):
     def glu_of(row):
         return torch.nn.functional.silu(k.reference(row, qg, sg, s2g)) * k.reference(row, qu, su, s2u)
 
-    for pipeline, shapes in (("ring-block-columns", {(4, 2), (8, 2), (16, 2)}),
+    for pipeline, shapes in (("ring-block-columns", cuda_ops.RING_GLU_SHAPES),
                              ("bulk-block-columns", cuda_ops.STAGED_BULK_SHAPES)):
         for shape in sorted(shapes):
             total, normed, (out,) = cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, 0.0, weights, normed=True,

@@ -1180,22 +1180,24 @@ cudaError_t dispatch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts
              : dispatch_bulk_columns<PlainX, false>(x, parts, blocks, K, warps, depth, pdl, PlainX{}, stream);
 }
 
-// ring-block-columns' glu launch at one row (gate and up: blocks / 2 strips), the ring's depth 2 only.
+// ring-block-columns' glu launch at one row (gate and up: `strips` of gate's), staged through the norm or not.
+template <int kWarps>
+cudaError_t launch_ring_glu(const __nv_bfloat16* x, const Parts<Nvfp4::Args>& parts, int strips, int K, bool pdl,
+                            const NinferAddNorm* norm, cudaStream_t stream) {
+  const int x_bytes = K * 2 + 64;
+  return norm != nullptr
+             ? launch_persistent<kWarps, 2, NinferAddNorm, true>(x, parts, strips, K, x_bytes, pdl, stream, *norm)
+             : launch_persistent<kWarps, 2, PlainX, true>(x, parts, strips, K, x_bytes, pdl, stream);
+}
+
+// ring-block-columns' glu at one row, in the ring's shapes of depth 2 (cuda_ops.RING_GLU_SHAPES).
 cudaError_t dispatch_ring_glu(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int K, int warps, int depth,
                               bool pdl, const NinferAddNorm* norm, cudaStream_t stream) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  const int x_bytes = K * 2 + 64, strips = blocks / 2;
-  const auto launch = [&](auto warps_constant) {
-    constexpr int kWarps = decltype(warps_constant)::value;
-    return norm != nullptr
-               ? launch_persistent<kWarps, 2, NinferAddNorm, true>(xb, parts, strips, K, x_bytes, pdl, stream, *norm)
-               : launch_persistent<kWarps, 2, PlainX, true>(xb, parts, strips, K, x_bytes, pdl, stream);
-  };
-  if (depth != 2) return cudaErrorInvalidValue;
-  switch (warps) {
-    case 4: return launch(std::integral_constant<int, 4>{});
-    case 8: return launch(std::integral_constant<int, 8>{});
-    case 16: return launch(std::integral_constant<int, 16>{});
+  switch (warps * 10 + depth) {
+    case 42: return launch_ring_glu<4>(xb, parts, blocks / 2, K, pdl, norm, stream);
+    case 82: return launch_ring_glu<8>(xb, parts, blocks / 2, K, pdl, norm, stream);
+    case 162: return launch_ring_glu<16>(xb, parts, blocks / 2, K, pdl, norm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
