@@ -60,7 +60,7 @@ from ninfer_run.models import model_class  # noqa: E402
 from ninfer_run.sampling import SamplingParams  # noqa: E402
 from ninfer_run.warmup import warm_up  # noqa: E402
 
-from bench_common import write_results  # noqa: E402
+from bench_common import gpu_tag, write_results  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 FORCED_CYCLE = (3, 0, 2, 1)  # drafts accepted at successive verifies: 1.5 of 3 on average
@@ -454,7 +454,7 @@ def main() -> None:
     if gpu and not gated_delta.available(torch.device(device)):
         raise SystemExit("fla-core is missing: the Gated DeltaNet reference loop would take hours at these lengths")
     results: dict = {"model": model_id, "chunk": args.chunk, "profiles": {}}
-    name = "bench_h200" if gpu else "bench_smoke"
+    name = f"bench_{gpu_tag()}" if gpu else "bench_smoke"
 
     def save():  # after every figure: a run cut short keeps what it measured, plot included
         write_results(args.out, name, results, bars=bars_of(results), ylabel="tok/s")

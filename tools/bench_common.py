@@ -19,6 +19,13 @@ def machine() -> dict:
     return info
 
 
+def gpu_tag() -> str:
+    """The card's short name for result files ("h200", "h100"): the box lends either, and a file named for
+    the wrong card has already misled a reader."""
+    name = torch.cuda.get_device_name().lower() if torch.cuda.is_available() else "cpu"
+    return next((tag for tag in ("h200", "h100", "b200", "rtx 5090") if tag in name), "gpu").replace(" ", "")
+
+
 def write_results(out_dir: Path, name: str, results: dict, bars: dict[str, float] | None = None, ylabel: str = "") -> Path:
     """results -> OUT/name.json; bars (label -> value) -> OUT/name.png."""
     out_dir.mkdir(parents=True, exist_ok=True)

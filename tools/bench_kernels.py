@@ -43,7 +43,7 @@ from ninfer_run.kernels.paged_attention import dense_prefill, paged_attention  #
 from ninfer_run.kernels.paged_attention import reference as attention_reference  # noqa: E402
 from ninfer_run.kv.pool import BlockPool, KVLayout  # noqa: E402
 
-from bench_common import write_results  # noqa: E402
+from bench_common import gpu_tag, write_results  # noqa: E402
 
 # (name, N, K) of every quantized linear of a qwen3.8-27b layer, and how many layers have it
 LINEARS = [("gdn.in_proj_qkv", 10240, 5120, 48), ("gdn.in_proj_z", 6144, 5120, 48), ("gdn.out_proj", 5120, 6144, 48),
@@ -551,11 +551,11 @@ def main() -> None:
         results["ceilings"] = ceil
     if args.floor_sweep or args.floor_l2:
         rows = floor_sweep(device, FLOOR_L2_SWEEP, FLOOR_LINEARS[:2]) if args.floor_l2 else floor_sweep(device)
-        return _report(args.out, "bench_gemv_floor_h200", "floor_sweep", rows, ceil,
+        return _report(args.out, f"bench_gemv_floor_{gpu_tag()}", "floor_sweep", rows, ceil,
                        lambda r: f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} "
                                  f"{r['blocks_per_sm']}/SM {r['us']:6.1f} us")
     if args.chain:
-        return _report(args.out, "bench_chain_h200", "mlp_chain", mlp_chain(device, args.chain_only), ceil,
+        return _report(args.out, f"bench_chain_{gpu_tag()}", "mlp_chain", mlp_chain(device, args.chain_only), ceil,
                        lambda r: f"chain {r['variant']:<20} {r['us_per_layer']:6.1f} us/layer")
     results["decode_gemv"] = linears(device, dtype, shapes, ceil, gpu)
     if args.gemv_only:
@@ -574,7 +574,7 @@ def main() -> None:
         weight_bytes = sum((n * k // 2 + n * k // 16) * layers for _, n, k, layers in shapes)
         results["decode_linear_projection"] = {"ms": ms, "tok_s": 1000 / ms,
                                                "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / weight_bytes}
-        write_results(args.out, "bench_kernels_h200", results)
+        write_results(args.out, f"bench_kernels_{gpu_tag()}", results)
     print(table(results))
 
 
