@@ -175,11 +175,12 @@ PDL = os.environ.get("NINFER_PDL", "1") != "0"  # GEMVs as programmatic dependen
 # "ring-block-columns" (at M = 1 the staged ring with each NVFP4 block an MMA column, so the block scales
 # multiply fp32 sums, 4 a tile, not the codes, 32, and a persistent grid that stages x once a block:
 # csrc Nvfp4Columns; other rows as ring-staged-x), "bulk-block-columns" (at M = 1 the bulk pipeline's
-# streaming with Nvfp4Columns' arithmetic, a persistent grid, x staged once a block; other rows as bulk; its GEMVs
-# alone 46.9 against 52.2 us an MLP block in stop 25's chain, not yet run in the engine), or "auto":
-# AUTO_ONE_ROW at one row, ring-staged-x at more; ring-block-columns at one row since (adjacent engine runs on
-# the H200: C = 1 147.4 vs ring-staged-x's 140.9 tok/s, gpu_notes stop 21; ring-staged-x had beaten bulk +
-# GLU at C = 1 by 2-3% and the ring at C = 2 and 4 by 3%, stop 18). The row-major layout has the ring only.
+# streaming with Nvfp4Columns' arithmetic, a persistent grid, x staged once a block; other rows as bulk; with the
+# layer norm staged and glu, 58.2 against ring-block-columns' 61.2 us an MLP block in stop 27's chain, H100),
+# or "auto": AUTO_ONE_ROW at one row, ring-staged-x at more. One row ran ring-block-columns from stop 21 (H200:
+# C = 1 147.4 vs ring-staged-x's 140.9 tok/s) to stop 27 (bulk-block-columns + glu +4-5% on the H100, gpu_notes);
+# ring-staged-x had beaten bulk + GLU at C = 1 by 2-3% and the ring at C = 2 and 4 by 3% (stop 18).
+# The row-major layout has the ring only.
 PIPELINES = {"ring": 0, "ring-staged-x": 1, "bulk": 2, "ring-block-columns": 3, "bulk-block-columns": 4}
 PIPELINE_NAMES = (*PIPELINES, "auto")
 PIPELINE = os.environ.get("NINFER_GEMV_PIPELINE", "auto")
@@ -190,8 +191,10 @@ if PIPELINE not in PIPELINE_NAMES:
 NORM_PIPELINES = ("ring-block-columns", "bulk-block-columns")  # those that can stage a layer norm (one row)
 # Whether gate and up's launch writes SiLU(gate) * up itself where its pipeline can (glu_fits; NINFER_FUSED_GLU=1),
 # so no SiLU-mul kernel runs between it and down's GEMV. Read at each call: tools/bench.py --ab-fused-glu flips
-# it. Off until measured on the H200 (ring-block-columns' glu and bulk-block-columns' are new in stop 26).
-FUSED_GLU = os.environ.get("NINFER_FUSED_GLU", "0") != "0"
+# it. On since stop 27 (H100, adjacent arms at C = 1: bulk-block-columns with glu 129.9/126.4 against auto's
+# then ring-block-columns 125.1/119.7 tok/s; ring-block-columns' own glu no better than without it,
+# 123.6/121.2 vs 126.2/120.5, and 65.9 vs 61.2 us an MLP block in the chain).
+FUSED_GLU = os.environ.get("NINFER_FUSED_GLU", "1") != "0"
 
 
 def glu_fits(pipeline: str, rows: int) -> bool:
@@ -205,7 +208,7 @@ def uses_glu(rows: int, mlp: bool = True) -> bool:
     return FUSED_GLU and glu_fits(pipeline_for(rows=rows, mlp=mlp), rows)
 
 
-AUTO_ONE_ROW = "ring-block-columns"  # what "auto" runs at one row (more rows: ring-staged-x)
+AUTO_ONE_ROW = "bulk-block-columns"  # what "auto" runs at one row (more rows: ring-staged-x); stop 27, see FUSED_GLU
 # The pipeline of the MLP's launches (QuantizedLinear.mlp: gate and up, down), "" for PIPELINE's. Apart because
 # they alone follow and precede GEMVs only (the norm staged, glu): a persistent grid's start and end hide behind
 # them under PDL, not behind a Triton kernel (gpu_notes stop 25). Read at each call (bench --ab-mlp-pipeline).

@@ -359,7 +359,7 @@ def test_sm90a_gemv_compiles_and_gpu_check_names_a_kernel_it_has(tmp_path):
 
 def test_pipeline_choice_and_glu_refusal(monkeypatch):
     """NINFER_GEMV_PIPELINE=auto runs one row with the blocks as MMA columns (AUTO_ONE_ROW), more on the
-    ring with x staged (as measured, gpu_notes stops 18, 21 and 26);
+    ring with x staged (as measured, gpu_notes stops 18, 21 and 27);
     an explicit choice wins; gate+up+SiLU-mul in one launch (glu) is the bulk pipelines' and one row of
     ring-block-columns', refused elsewhere before any kernel runs, and the engine's only with FUSED_GLU."""
     from ninfer_run.kernels import cuda_ops
@@ -384,7 +384,7 @@ def test_pipeline_choice_and_glu_refusal(monkeypatch):
     monkeypatch.setattr(cuda_ops, "FUSED_GLU", False)  # the engine asks for glu only with FUSED_GLU
     assert not cuda_ops.uses_glu(1)
     monkeypatch.setattr(cuda_ops, "FUSED_GLU", True)
-    assert cuda_ops.uses_glu(1) and not cuda_ops.uses_glu(2)  # auto: ring-block-columns, then the staged ring
+    assert cuda_ops.uses_glu(1) and not cuda_ops.uses_glu(2)  # auto: AUTO_ONE_ROW, then the staged ring
     # the MLP's launches in a pipeline of their own where MLP_PIPELINE says so; the others keep PIPELINE's
     monkeypatch.setattr(cuda_ops, "MLP_PIPELINE", "bulk-block-columns")
     assert cuda_ops.pipeline_for(mlp=True) == "bulk-block-columns" == cuda_ops.pipeline_for(rows=4, mlp=True)
