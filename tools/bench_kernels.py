@@ -431,8 +431,6 @@ def mlp_chain(device: str, only: list[str] | None = None) -> list[dict]:
                    for a, b in ((16, 2), (8, 4), (4, 2))},
                 "engine block, norm apart": lambda w: engine_block(w, False),
                 "engine block, norm staged": lambda w: engine_block(w, True),
-                "engine block, norm staged, glu": lambda w: engine_block(w, True, glu=True),
-                "engine block, norm apart, glu": lambda w: engine_block(w, False, glu=True),
                 "bulk block columns GEMVs alone": lambda w: block(w, True, True, small_ops=False,
                                                                   pipeline="bulk-block-columns"),
                 "grouped+pdl bulk block columns": lambda w: block(w, True, True, pipeline="bulk-block-columns"),

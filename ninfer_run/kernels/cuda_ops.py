@@ -34,7 +34,6 @@ TILE_K = 128  # K per warp tile of the GEMVs
 GEMV_SHAPES = {(w, d) for w in (4, 8, 16) for d in (2, 4)}  # (warps per block, tiles in flight per warp)
 BULK_SHAPES = {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}  # the bulk pipeline's (consumer warps = tiles per slot, slots)
 STAGED_BULK_SHAPES = {(4, 8), (8, 4)}  # bulk_shape's: bulk-block-columns' with a staged norm or glu (csrc)
-RING_GLU_SHAPES = {(w, 2) for w in (4, 8, 16)}  # ring-block-columns' glu launch: gemv_shape's depth (csrc)
 
 
 def _build_dir() -> Path:
@@ -188,24 +187,20 @@ if PIPELINE not in PIPELINE_NAMES:
     raise ValueError(f"NINFER_GEMV_PIPELINE={PIPELINE!r}: one of {PIPELINE_NAMES}")
 
 
+GLU_PIPELINES = ("bulk", "bulk-block-columns")  # those that can write SiLU(gate) * up themselves (glu)
 NORM_PIPELINES = ("ring-block-columns", "bulk-block-columns")  # those that can stage a layer norm (one row)
-# Whether gate and up's launch writes SiLU(gate) * up itself where its pipeline can (glu_fits; NINFER_FUSED_GLU=1),
+# Whether gate and up's launch writes SiLU(gate) * up itself where its pipeline can (GLU_PIPELINES),
 # so no SiLU-mul kernel runs between it and down's GEMV. Read at each call: tools/bench.py --ab-fused-glu flips
 # it. On since stop 27 (H100, adjacent arms at C = 1: bulk-block-columns with glu 129.9/126.4 against auto's
-# then ring-block-columns 125.1/119.7 tok/s; ring-block-columns' own glu no better than without it,
-# 123.6/121.2 vs 126.2/120.5, and 65.9 vs 61.2 us an MLP block in the chain).
+# then ring-block-columns 125.1/119.7 tok/s). A glu launch for ring-block-columns (each strip's gate rows, then
+# up's) was built in stop 26 and dropped in stop 27: 123.6/121.2 tok/s against 126.2/120.5 without it, and 65.9
+# against 61.2 us an MLP block in the chain.
 FUSED_GLU = os.environ.get("NINFER_FUSED_GLU", "1") != "0"
-
-
-def glu_fits(pipeline: str, rows: int) -> bool:
-    """Whether a resolved pipeline has a glu launch for `rows` rows: the bulk ones at any rows (bulk-block-columns
-    more than one as bulk), ring-block-columns at one row (csrc gemv_glu)."""
-    return pipeline in ("bulk", "bulk-block-columns") or (pipeline == "ring-block-columns" and rows == 1)
 
 
 def uses_glu(rows: int, mlp: bool = True) -> bool:
     """Whether the engine's SwiGLU launches of `rows` rows write SiLU(gate) * up themselves now (FUSED_GLU)."""
-    return FUSED_GLU and glu_fits(pipeline_for(rows=rows, mlp=mlp), rows)
+    return FUSED_GLU and pipeline_for(rows=rows, mlp=mlp) in GLU_PIPELINES
 
 
 AUTO_ONE_ROW = "bulk-block-columns"  # what "auto" runs at one row (more rows: ring-staged-x); stop 27, see FUSED_GLU
@@ -255,12 +250,11 @@ def nvfp4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, in
     launch -> each one's y [M, N]. `tiled`: all in tile_nvfp4's layout. `pipeline`: one of PIPELINES
     (tiled only), None: PIPELINE as it is at the call (tools/bench.py --ab-pipeline flips it for a second
     set of decode figures). `shape`: the pipeline's, as for their total N (gemv_shape, bulk_shape).
-    `glu` (tiled, glu_fits): the weights are gate and up of one N -> [SiLU(x @ gate^T) *
+    `glu` (tiled, the bulk pipelines): the weights are gate and up of one N -> [SiLU(x @ gate^T) *
     (x @ up^T)], from the float32 sums, rounded once (the SwiGLU MLP's activation with no kernel of its own)."""
     pipeline = pipeline_for(pipeline, x.shape[0]) if tiled else "ring"
-    if glu and (not glu_fits(pipeline, x.shape[0]) or len(weights) != 2):
-        raise ValueError(f"glu: gate and up in a bulk pipeline or one row of ring-block-columns (tiled), not "
-                         f"{len(weights)} weights in {pipeline!r} at {x.shape[0]} rows")
+    if glu and (pipeline not in GLU_PIPELINES or len(weights) != 2):
+        raise ValueError(f"glu: gate and up in the bulk pipeline (tiled), not {len(weights)} weights in {pipeline!r}")
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     ys = _outputs(x, rows[:1] if glu else rows)
     shape = shape or nvfp4_shape(pipeline, sum(rows), x.shape[1], x.device)
@@ -285,9 +279,9 @@ FUSED_NORM = os.environ.get("NINFER_FUSED_NORM", "1") != "0"
 def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Tensor, glu: bool = False,
                    pipeline: str | None = None) -> bool:
     """Whether nvfp4_norm_gemv_group takes this: FUSED_NORM, one bf16 row of K % 128 == 0 and a bf16 norm
-    weight of K, tiled NVFP4 weights in `pipeline` (pipeline_for's) of NORM_PIPELINES (`glu`: two of one N), and what a block
-    stages within its shared memory: ring-block-columns x (and the zeros after it), the partial sums (glu:
-    gate's and up's) and the warps' sums in the 48 KB a block gets (csrc launch_persistent); bulk-block-columns
+    weight of K, tiled NVFP4 weights in `pipeline` (pipeline_for's) of NORM_PIPELINES (`glu`: bulk-block-columns,
+    two of one N), and what a block stages within its shared memory: ring-block-columns x (and the zeros after
+    it), the partial and the warps' sums in the 48 KB a block gets (csrc launch_persistent); bulk-block-columns
     the slots too, in the 227 KB a Hopper block can opt in to (csrc launch_bulk_columns)."""
     m, k = x.shape
     rows = [q.shape[0] * 16 for q, _, _ in weights]
@@ -295,13 +289,13 @@ def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Ten
     if not (FUSED_NORM and m == 1 and norm_weight.dtype == torch.bfloat16 and norm_weight.numel() == k
             and pipeline in NORM_PIPELINES and gemv_fits(x, sum(rows))):
         return False
-    if glu and (len(rows) != 2 or rows[0] != rows[1]):
+    if glu and (pipeline not in GLU_PIPELINES or len(rows) != 2 or rows[0] != rows[1]):
         return False
     warps, depth = nvfp4_shape(pipeline, sum(rows), k, x.device)
-    partial_bytes = 512 * warps * (2 if glu else 1)
     if pipeline == "bulk-block-columns":
+        partial_bytes = 512 * warps * (2 if glu else 1)
         return depth * warps * (1024 + 128) + 2 * k + 64 + partial_bytes + 4 * warps + 128 <= 227 * 1024
-    return (not glu or (warps, depth) in RING_GLU_SHAPES) and 2 * k + 64 + partial_bytes + 4 * warps <= 48 * 1024
+    return 2 * k + 64 + 516 * warps <= 48 * 1024
 
 
 def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -312,11 +306,11 @@ def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_w
     [RMSNorm(s) @ W^T for W in weights]) in one launch of tiled NVFP4 weights in a block-columns pipeline
     (`pipeline`, as nvfp4_gemv_group's; NORM_PIPELINES): each block stages the normed row itself, as
     layers.add_rms_norm rounds it (the sum exactly; the norm to float32 rounding: its sum of squares may
-    associate differently). `glu`: gate and up -> [SiLU(normed @ gate^T) * (normed @ up^T)]."""
+    associate differently). `glu` (bulk-block-columns): gate and up -> [SiLU(normed @ gate^T) * (normed @ up^T)]."""
     pipeline = pipeline_for(pipeline)
-    if pipeline not in NORM_PIPELINES or (glu and len(weights) != 2):
-        raise ValueError(f"a staged norm in {NORM_PIPELINES} (glu: gate and up), not {len(weights)} weights in "
-                         f"{pipeline!r}")
+    if pipeline not in NORM_PIPELINES or (glu and (pipeline not in GLU_PIPELINES or len(weights) != 2)):
+        raise ValueError(f"a staged norm in {NORM_PIPELINES} (glu: gate and up in bulk-block-columns), "
+                         f"not {len(weights)} weights in {pipeline!r}")
     rows = [q.shape[0] * 16 for q, _, _ in weights]
     ys = _outputs(x, rows[:1] if glu else rows)
     s = torch.empty_like(x) if residual is not None else x

@@ -360,8 +360,8 @@ def test_sm90a_gemv_compiles_and_gpu_check_names_a_kernel_it_has(tmp_path):
 def test_pipeline_choice_and_glu_refusal(monkeypatch):
     """NINFER_GEMV_PIPELINE=auto runs one row with the blocks as MMA columns (AUTO_ONE_ROW), more on the
     ring with x staged (as measured, gpu_notes stops 18, 21 and 27);
-    an explicit choice wins; gate+up+SiLU-mul in one launch (glu) is the bulk pipelines' and one row of
-    ring-block-columns', refused elsewhere before any kernel runs, and the engine's only with FUSED_GLU."""
+    an explicit choice wins; gate+up+SiLU-mul in one launch (glu) is the bulk pipelines', refused elsewhere
+    before any kernel runs, and the engine's only with FUSED_GLU."""
     from ninfer_run.kernels import cuda_ops
 
     monkeypatch.setattr(cuda_ops, "PIPELINE", "auto")
@@ -377,14 +377,15 @@ def test_pipeline_choice_and_glu_refusal(monkeypatch):
         cuda_ops.nvfp4_gemv_group(x, [weight, weight], tiled=True, glu=True)  # auto at 4 rows: the staged ring
     with pytest.raises(ValueError, match="bulk pipeline"):
         cuda_ops.nvfp4_gemv_group(x[:1], [weight], tiled=True, pipeline="bulk", glu=True)  # one weight
-    with pytest.raises(ValueError, match="at 4 rows"):  # ring-block-columns' glu: one row only
-        cuda_ops.nvfp4_gemv_group(x, [weight, weight], tiled=True, pipeline="ring-block-columns", glu=True)
-    assert cuda_ops.glu_fits("ring-block-columns", 1) and not cuda_ops.glu_fits("ring-staged-x", 1)
-    assert all(cuda_ops.glu_fits(p, m) for p in ("bulk", "bulk-block-columns") for m in (1, 16))
+    with pytest.raises(ValueError, match="bulk pipeline"):  # the ring with the blocks as columns: no glu launch
+        cuda_ops.nvfp4_gemv_group(x[:1], [weight, weight], tiled=True, pipeline="ring-block-columns", glu=True)
     monkeypatch.setattr(cuda_ops, "FUSED_GLU", False)  # the engine asks for glu only with FUSED_GLU
     assert not cuda_ops.uses_glu(1)
     monkeypatch.setattr(cuda_ops, "FUSED_GLU", True)
     assert cuda_ops.uses_glu(1) and not cuda_ops.uses_glu(2)  # auto: AUTO_ONE_ROW, then the staged ring
+    monkeypatch.setattr(cuda_ops, "PIPELINE", "ring-block-columns")  # chosen: no glu launch of its own
+    assert not cuda_ops.uses_glu(1)
+    monkeypatch.setattr(cuda_ops, "PIPELINE", "auto")
     # the MLP's launches in a pipeline of their own where MLP_PIPELINE says so; the others keep PIPELINE's
     monkeypatch.setattr(cuda_ops, "MLP_PIPELINE", "bulk-block-columns")
     assert cuda_ops.pipeline_for(mlp=True) == "bulk-block-columns" == cuda_ops.pipeline_for(rows=4, mlp=True)
@@ -397,4 +398,5 @@ def test_pipeline_choice_and_glu_refusal(monkeypatch):
     with pytest.raises(ValueError, match="staged norm"):
         cuda_ops.nvfp4_norm_gemv_group(x[:1], None, x[0], 1e-6, 1.0, [weight, weight], pipeline="ring-staged-x")
     with pytest.raises(ValueError, match="staged norm"):
-        cuda_ops.nvfp4_norm_gemv_group(x[:1], None, x[0], 1e-6, 1.0, [weight], pipeline="ring-block-columns", glu=True)
+        cuda_ops.nvfp4_norm_gemv_group(x[:1], None, x[0], 1e-6, 1.0, [weight, weight], pipeline="ring-block-columns",
+                                       glu=True)

@@ -587,24 +587,15 @@ __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat1
 
 struct PlainX {};  // a launch that stages x as it is (the other: NinferAddNorm)
 
-// The partial sums of a glu strip's two passes (one array for both instantiations of gemv_strip).
-template <int kWarps, bool kHighTokens>
-__device__ __forceinline__ auto& glu_partial() {
-  __shared__ float partial[2 * kWarps][kHighTokens ? 2 : 1][4][32];
-  return partial;
-}
-
 // Grid (sum of the parts' N) / 16 blocks of kWarps warps (see the top). kStagedX (ring-staged-x, the
 // engine's pipeline since stop 18): the block first copies x [M, K] into shared memory with all its threads, so
 // each tile's x is a shared-memory read instead of an L2 round trip in the tile's critical path.
-// kPass: -1 the strip's launch part (part_of); glu (Nvfp4Columns, gate and up of one N), 0: gate's rows, then
-// 1: up's (strip: gate's plus up's first block), after which the block writes SiLU(gate) * up (write_rows).
-template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, class Stage, int kPass = -1>
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, class Stage>
 __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
                                            int M, int K, int strip, bool first_strip, const Stage& stage) {
   extern __shared__ uint4 x_staged[];  // kStagedX: M * K bf16
   using RowAux = typename Codec::RowAux;
-  const int part = kPass < 0 ? part_of(parts, strip) : kPass;
+  const int part = part_of(parts, strip);
   const uint8_t* q = pick(parts.q, part);
   const typename Codec::Args args = pick(parts.args, part);
   const int block = strip - pick(parts.first_block, part);  // within the part
@@ -690,39 +681,21 @@ __device__ __forceinline__ void gemv_strip(const __nv_bfloat16* __restrict__ x, 
     }
   }
   Codec::finish(d);
-  if constexpr (kPass < 0) {
-    __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
-    if (!first_strip) __syncthreads();  // warp 0 has written the block's last strip out of partial
-    store_partial<kHighTokens>(partial[warp], d, lane);
-    __syncthreads();
-    if (warp == 0) write_rows<Codec, kHighTokens, kWarps, false>(partial, parts, strip, n0, M, lane);
-  } else {
-    auto& partial = glu_partial<kWarps, kHighTokens>();  // gate's warps, then up's
-    if (kPass == 0 && !first_strip) __syncthreads();
-    store_partial<kHighTokens>(partial[kPass * kWarps + warp], d, lane);
-    if (kPass == 1) {
-      __syncthreads();
-      if (warp == 0) write_rows<Codec, kHighTokens, 2 * kWarps, true>(partial, parts, 0, n0, M, lane);
-    }
-  }
+  __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
+  if (!first_strip) __syncthreads();  // warp 0 has written the block's last strip out of partial
+  store_partial<kHighTokens>(partial[warp], d, lane);
+  __syncthreads();
+  if (warp == 0) write_rows<Codec, kHighTokens, kWarps, false>(partial, parts, strip, n0, M, lane);
 }
 
 // One strip (16 rows) a block; Nvfp4Columns' grid is persistent instead (as many blocks as fit at once,
 // launch_ring): block b takes strips b, b + grid, ..., its x staged once.
 // stage: how Nvfp4Columns stages x (PlainX, or NinferAddNorm; the other codecs take PlainX).
-template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, class Stage = PlainX,
-          bool kGlu = false>
+template <class Codec, bool kHighTokens, int kWarps, int kDepth, bool kTiled, bool kStagedX, class Stage = PlainX>
 __device__ __forceinline__ void gemv_body(const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args>& parts,
                                           int M, int K, const Stage& stage = {}) {
   asm volatile("griddepcontrol.launch_dependents;");
-  if constexpr (kGlu) {  // (block columns) gate's strips, each with up's
-    for (int strip = blockIdx.x; strip < parts.strips / 2; strip += gridDim.x) {
-      gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX, Stage, 0>(x, parts, M, K, strip,
-                                                                               strip == blockIdx.x, stage);
-      gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX, Stage, 1>(
-          x, parts, M, K, strip + parts.first_block[1], false, stage);
-    }
-  } else if constexpr (Codec::kBlockColumns) {
+  if constexpr (Codec::kBlockColumns) {
     for (int strip = blockIdx.x; strip < parts.strips; strip += gridDim.x)
       gemv_strip<Codec, kHighTokens, kWarps, kDepth, kTiled, kStagedX>(x, parts, M, K, strip, strip == blockIdx.x, stage);
   } else {
@@ -755,16 +728,6 @@ template <class Stage, int kWarps, int kDepth>
 __global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_staged(const __nv_bfloat16* __restrict__ x,
                                                       const Parts<Nvfp4::Args> parts, int M, int K, const Stage stage) {
   gemv_body<Nvfp4Columns, false, kWarps, kDepth, true, true, Stage>(x, parts, M, K, stage);
-}
-
-// gemv_staged's glu form (Stage: PlainX or NinferAddNorm): gate and up of one N -> SiLU(gate) * up, each
-// strip's gate rows, then up's (gemv_strip's passes), so SwiGLU's activation needs no kernel of its own
-// and the down projection's GEMV follows this one directly under PDL. (Its SiLU runs once an output, in
-// the block that sums it: the staging of stop 24 computed the whole row's in every block of down.)
-template <class Stage, int kWarps, int kDepth>
-__global__ void __launch_bounds__(kWarps * 32, 1024 / (kWarps * 32)) gemv_glu(const __nv_bfloat16* __restrict__ x,
-                                                      const Parts<Nvfp4::Args> parts, int M, int K, const Stage stage) {
-  gemv_body<Nvfp4Columns, false, kWarps, kDepth, true, true, Stage, true>(x, parts, M, K, stage);
 }
 
 // The bulk-copy pipeline (tiled NVFP4). In the kernel above a warp's next loads wait for its arithmetic
@@ -1036,13 +999,12 @@ constexpr auto low_rows_kernel() {
 
 // A one-row block-columns launch: as many blocks as fit at once (gemv_body walks the strips), x_bytes staged.
 // stage: how x is staged (PlainX, or NinferAddNorm: gemv_staged).
-template <int kWarps, int kDepth, class Stage = PlainX, bool kGlu = false>
+template <int kWarps, int kDepth, class Stage = PlainX>
 cudaError_t launch_persistent(const __nv_bfloat16* x, const Parts<Nvfp4::Args>& parts, int blocks, int K,
                               int x_bytes, bool pdl, cudaStream_t stream, const Stage& stage = {}) {
-  constexpr bool kPlain = std::is_same_v<Stage, PlainX> && !kGlu;
+  constexpr bool kPlain = std::is_same_v<Stage, PlainX>;
   auto* kernel = [] {
-    if constexpr (kGlu) return gemv_glu<Stage, kWarps, kDepth>;
-    else if constexpr (kPlain) return low_rows_kernel<Nvfp4Columns, kWarps, kDepth, true, true>();
+    if constexpr (kPlain) return low_rows_kernel<Nvfp4Columns, kWarps, kDepth, true, true>();
     else return gemv_staged<Stage, kWarps, kDepth>;
   }();
   // Its static shared memory (the partial sums; stage_add_norm's warp sums too) and blocks a SM, asked
@@ -1180,28 +1142,6 @@ cudaError_t dispatch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts
              : dispatch_bulk_columns<PlainX, false>(x, parts, blocks, K, warps, depth, pdl, PlainX{}, stream);
 }
 
-// ring-block-columns' glu launch at one row (gate and up: `strips` of gate's), staged through the norm or not.
-template <int kWarps>
-cudaError_t launch_ring_glu(const __nv_bfloat16* x, const Parts<Nvfp4::Args>& parts, int strips, int K, bool pdl,
-                            const NinferAddNorm* norm, cudaStream_t stream) {
-  const int x_bytes = K * 2 + 64;
-  return norm != nullptr
-             ? launch_persistent<kWarps, 2, NinferAddNorm, true>(x, parts, strips, K, x_bytes, pdl, stream, *norm)
-             : launch_persistent<kWarps, 2, PlainX, true>(x, parts, strips, K, x_bytes, pdl, stream);
-}
-
-// ring-block-columns' glu at one row, in the ring's shapes of depth 2 (cuda_ops.RING_GLU_SHAPES).
-cudaError_t dispatch_ring_glu(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int K, int warps, int depth,
-                              bool pdl, const NinferAddNorm* norm, cudaStream_t stream) {
-  const auto* xb = static_cast<const __nv_bfloat16*>(x);
-  switch (warps * 10 + depth) {
-    case 42: return launch_ring_glu<4>(xb, parts, blocks / 2, K, pdl, norm, stream);
-    case 82: return launch_ring_glu<8>(xb, parts, blocks / 2, K, pdl, norm, stream);
-    case 162: return launch_ring_glu<16>(xb, parts, blocks / 2, K, pdl, norm, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 // The ring's (warps, depth) in {4, 8, 16} x {2, 4}; every part's N % 16 == 0, blocks = their sum / 16.
 // norm (nullptr: none): the layer norm the one-row block-columns launch stages x through.
 template <class Codec, bool kTiled>
@@ -1248,9 +1188,7 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
   using ninfer_sm90::Nvfp4;
   const bool bulk = pipeline == ninfer_sm90::kBulk || pipeline == ninfer_sm90::kBulkBlockColumns;
   const bool columns = pipeline == ninfer_sm90::kRingBlockColumns || pipeline == ninfer_sm90::kBulkBlockColumns;
-  const bool ring_glu = pipeline == ninfer_sm90::kRingBlockColumns && M == 1;
-  if (count < 1 || count > ninfer_sm90::kMaxParts ||
-      (glu && (count != 2 || n[0] != n[1] || !tiled || !(bulk || ring_glu))) ||
+  if (count < 1 || count > ninfer_sm90::kMaxParts || (glu && (count != 2 || n[0] != n[1] || !tiled || !bulk)) ||
       (norm != nullptr && (!tiled || M != 1 || !columns || norm->weight == nullptr)))
     return static_cast<int>(cudaErrorInvalidValue);
   Nvfp4::Args args[ninfer_sm90::kMaxParts];
@@ -1258,9 +1196,7 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
   ninfer_sm90::Parts<Nvfp4::Args> parts;  // Nvfp4Tiled's arguments are Nvfp4's
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, glu ? 1 : count, n);
   cudaError_t err;
-  if (glu && ring_glu)
-    err = ninfer_sm90::dispatch_ring_glu(x, parts, blocks, K, warps, depth, pdl, norm, stream);
-  else if (pipeline == ninfer_sm90::kBulkBlockColumns && M == 1 && tiled)
+  if (pipeline == ninfer_sm90::kBulkBlockColumns && M == 1 && tiled)
     err = ninfer_sm90::dispatch_bulk_columns(x, parts, blocks, K, warps, depth, pdl, glu, norm, stream);
   else if (bulk)  // (bulk-block-columns at more rows: bulk's)
     err = !tiled ? cudaErrorInvalidValue
