@@ -25,7 +25,7 @@ import torch
 from .graphs import GraphedDecoder
 from .kv.pool import BlockPool, KVLayout, PoolExhausted
 from .kv.prefix import PrefixCache
-from .sampling import SamplingParams, next_token
+from .sampling import SamplingParams, next_token, next_tokens
 from .spec import MTPDrafter, SpecStats, accept, keeping_steps
 from .state import PagedKV, SequenceState
 from .vision.media import MediaEncoder
@@ -355,8 +355,8 @@ class Engine:
             hidden, logits = self.graphs.decode_rows(tokens, states)
         else:
             hidden, logits = self.model.decode_batch_rows(torch.tensor(tokens), states)
-        for b, (run, row) in enumerate(zip(ready, logits)):
-            token = next_token(row, run.request.params, run.generator)
+        chosen = next_tokens(logits, [run.request.params for run in ready], [run.generator for run in ready])
+        for b, (run, token) in enumerate(zip(ready, chosen)):
             run.record(hidden[b : b + 1], [token])
             self._emit(run, [token], fed=1)
 

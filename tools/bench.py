@@ -204,9 +204,29 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
            "spec_max_batch": config.spec_max_batch,
            "tokens": made, "seconds": seconds, "tok_s": made / seconds,
            "acceptance": accepted / drafted if drafted else None}
+    if not draft_tokens:  # a plain step: one token a sequence
+        row["step_ms"] = 1000 * seconds * concurrency / made
+        row["graph_ms"] = _graph_replay_ms(engine, concurrency)
     del engine
     gc.collect()
     return row
+
+
+def _graph_replay_ms(engine, concurrency: int, replays: int = 20) -> float | None:
+    """The plain decode step's graph of `concurrency` rows replayed back to back (ms a replay): the device's
+    share of a step; the rest of its wall time (step_ms) is the host's (staging, sampling, bookkeeping),
+    which the GPU waits for. Run after the timed steps (the replays rewrite the finished rows' KV slots
+    and GDN states: nothing reads them again). None where no graph was captured."""
+    bucket = engine.graphs.buckets.get((concurrency, 1)) if engine.graphs is not None else None
+    if bucket is None or bucket.graph is None:
+        return None
+    bucket.graph.replay()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(replays):
+        bucket.graph.replay()
+    _sync()
+    return 1000 * (time.perf_counter() - t0) / replays
 
 
 def _steps_until(engine, results, tokens: int) -> None:
@@ -356,7 +376,8 @@ def table(r: dict) -> str:
             bound = "<= " if peer and peer.get("decode_step_s_is_upper_bound") else ""
             vs = f", {bound}{row['tok_s'] * peer['decode_step_s']:.2f}x transformers C=1" if peer else ""
             lines.append(f"  decode C={row['concurrency']}{mtp}: {row['tok_s']:7.1f} tok/s "
-                         f"({row['of_roofline']:.0%} of its {row.get('roofline_tok_s', 0):.0f} tok/s roofline{acc}){vs}")
+                         f"({row['of_roofline']:.0%} of its {row.get('roofline_tok_s', 0):.0f} tok/s roofline{acc})"
+                         f"{_step_split(row)}{vs}")
         kv = p.get("kv_capacity")
         if kv and kv.get("planner_tokens_C1"):
             lines.append(f"  KV: {kv['kv_bytes_per_token']} B/token; {kv['planner_tokens_C1']:,} tokens fit beside the "
@@ -368,6 +389,13 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _step_split(row: dict) -> str:
+    """A plain decode row's step wall time against its graph's replay alone (the host's share is the rest)."""
+    if row.get("graph_ms") is None:
+        return ""
+    return f" (a step {row['step_ms']:.2f} ms, its graph {row['graph_ms']:.2f} ms)"
+
+
 def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> None:
     """Decode rows into p["decode"]: every concurrency for every profile; for the first also a long
     context, MTP (real and forced acceptance) and the decode profiles (device time)."""
@@ -376,7 +404,7 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
         row = decode(model, c, args.new_tokens, 512)
         p["decode"].append(row)
         save()
-        print(f"[{profile}] decode C={c}: {row['tok_s']:.1f} tok/s", flush=True)
+        print(f"[{profile}] decode C={c}: {row['tok_s']:.1f} tok/s{_step_split(row)}", flush=True)
     if not first:
         return
     if args.decode_context:  # decode after a long prompt: the KV read joins the weights'
@@ -408,7 +436,8 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
                     row = decode(model, c, args.new_tokens, 512) | {"variant": f"{label} {value}"}
                     p["decode"].append(row)
                     save()
-                    print(f"[{profile}] decode C={c} ({label} {value}): {row['tok_s']:.1f} tok/s", flush=True)
+                    print(f"[{profile}] decode C={c} ({label} {value}): {row['tok_s']:.1f} tok/s{_step_split(row)}",
+                          flush=True)
         finally:
             setattr(cuda_ops, name, default)
     decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")

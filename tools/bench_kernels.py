@@ -352,7 +352,7 @@ def floor_sweep(device: str, sweep=FLOOR_SWEEP, linears=FLOOR_LINEARS) -> list[d
 CHAIN_LAYERS = 16  # distinct weights: 2.4 GB, 40x the L2
 
 
-def mlp_chain(device: str, only: list[str] | None = None) -> list[dict]:
+def mlp_chain(device: str, only: list[str] | None = None, rows: int = 1) -> list[dict]:
     """The 27B's MLP block (RMSNorm, gate and up, SiLU-mul, down) over CHAIN_LAYERS layers of distinct
     weights in one CUDA graph, as the engine's decode graphs replay it (M = 1), launched each way: the
     three GEMVs apart, gate and up as one launch (grouped), and grouped as programmatic dependent launches
@@ -362,7 +362,9 @@ def mlp_chain(device: str, only: list[str] | None = None) -> list[dict]:
     SiLU-mul as one launch (glu); beside it a flat read of the
     same weight bytes, one launch per weight (tools/csrc/gemv_read_floor.cu), in the same graph form:
     what a chain of memory-bound launches can reach; and the GEMV's own loads alone (its blocks, warps and
-    ring, no arithmetic): what its layout costs. `only`: the variants whose names hold one of these."""
+    ring, no arithmetic): what its layout costs. `only`: the variants whose names hold one of these.
+    `rows`: the tokens a step decodes (C); past one row the variants that serve one row only (a staged norm,
+    block columns) are left out, and "engine block, norm apart" is the engine's more-rows MLP block."""
     from ninfer_run.kernels import norms
     from ninfer_run.layers import silu_mul
 
@@ -375,12 +377,12 @@ def mlp_chain(device: str, only: list[str] | None = None) -> list[dict]:
     layers = [{name: tuple(t.clone() for t in base[b]) for name, b in (("gate", "up"), ("up", "up"), ("down", "down"))}
               for _ in range(CHAIN_LAYERS)]
     norm_w = torch.rand(hidden, device=device, dtype=torch.bfloat16)
-    x = torch.randn(1, hidden, device=device, dtype=torch.bfloat16)
+    x = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16)
     layer_bytes = sum(n * k // 2 + n * k // 16 for n, k in (shapes["up"], shapes["up"], shapes["down"]))
     floor = _read_floor()
     sink = torch.empty(8 * sms * 16 * 32, dtype=torch.int32, device=device)
-    act = torch.randn(1, inter, device=device, dtype=torch.bfloat16)  # the down projection's x, GEMVs alone
-    residual = torch.randn(1, hidden, device=device, dtype=torch.bfloat16)
+    act = torch.randn(rows, inter, device=device, dtype=torch.bfloat16)  # the down projection's x, GEMVs alone
+    residual = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16)
 
     def block(w, grouped: bool, pdl: bool, shape=None, small_ops: bool | str = True, pipeline: str = "ring",
               glu: bool = False):
@@ -451,10 +453,12 @@ def mlp_chain(device: str, only: list[str] | None = None) -> list[dict]:
                 "bulk grouped+pdl, copies between": lambda w: block(w, True, True, small_ops="copy", pipeline="bulk")}
     for shape in sorted(cuda_ops.BULK_SHAPES):  # bulk_shape's (8, 4) here
         variants[f"bulk grouped+pdl {shape[0]}x{shape[1]}"] = lambda w, s=shape: block(w, True, True, s, pipeline="bulk")
-    rows = []
+    results = []
     for name, body in variants.items():
         if only and not any(part in name for part in only):
             continue
+        if rows > 1 and ("norm staged" in name or "block columns" in name and "engine block" not in name):
+            continue  # one row's only (the engine blocks' pipelines run more rows as ring-staged-x and bulk)
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             body(layers[0])  # compile / warm up outside the capture
@@ -466,8 +470,9 @@ def mlp_chain(device: str, only: list[str] | None = None) -> list[dict]:
         torch.cuda.synchronize()
         ms = _bench(graph.replay)
         us = 1000 * ms / CHAIN_LAYERS
-        rows.append({"variant": name, "us_per_layer": us, "GB_s": layer_bytes / us / 1e3, "layer_bytes": layer_bytes})
-    return rows
+        results.append({"variant": name, "rows": rows, "us_per_layer": us, "GB_s": layer_bytes / us / 1e3,
+                        "layer_bytes": layer_bytes})
+    return results
 
 
 def table(results: dict) -> str:
@@ -538,6 +543,8 @@ def main() -> None:
     parser.add_argument("--chain", action="store_true", help="only the MLP block in a CUDA graph, each launch way")
     parser.add_argument("--chain-only", nargs="+", metavar="PART",
                         help="with --chain: only the variants whose names hold one of these")
+    parser.add_argument("--chain-rows", type=int, default=1, metavar="M",
+                        help="with --chain: the rows (tokens) a step decodes, as at concurrency M")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -553,7 +560,8 @@ def main() -> None:
                        lambda r: f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} "
                                  f"{r['blocks_per_sm']}/SM {r['us']:6.1f} us")
     if args.chain:
-        return _report(args.out, f"bench_chain_{gpu_tag()}", "mlp_chain", mlp_chain(device, args.chain_only), ceil,
+        name = f"bench_chain_{gpu_tag()}" + (f"_m{args.chain_rows}" if args.chain_rows > 1 else "")
+        return _report(args.out, name, "mlp_chain", mlp_chain(device, args.chain_only, args.chain_rows), ceil,
                        lambda r: f"chain {r['variant']:<20} {r['us_per_layer']:6.1f} us/layer")
     results["decode_gemv"] = linears(device, dtype, shapes, ceil, gpu)
     if args.gemv_only:

@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from ninfer_run.sampling import SamplingParams, accept_or_resample, target_probs
+from ninfer_run.sampling import SamplingParams, accept_or_resample, next_token, next_tokens, target_probs
 from ninfer_run.spec import generate, generate_speculative
 from ninfer_run.state import SequenceState
 
@@ -19,6 +19,17 @@ def test_top_k_top_p_temperature():
     assert int((p > 0).sum()) == 1
     hot = target_probs(logits, SamplingParams(temperature=10.0))
     assert float(hot.max() - hot.min()) < 0.2
+
+
+def test_next_tokens_of_a_batch_are_each_rows_next_token():
+    """A batched step's rows: greedy ones (one argmax launch for all) and sampled ones, each as next_token."""
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    logits[3, 7] = logits[3, 9] = logits[3].max() + 1  # a tie: the first index, as next_token's
+    params = [SamplingParams(), SamplingParams(temperature=1.0, top_k=5), SamplingParams(), SamplingParams(),
+              SamplingParams(temperature=0.7)]
+    batched = next_tokens(logits, params, [torch.Generator().manual_seed(b) for b in range(5)])
+    rows = [next_token(logits[b], params[b], torch.Generator().manual_seed(b)) for b in range(5)]
+    assert batched == rows and batched[3] == 7
 
 
 @pytest.mark.parametrize("draft", [0, 3, 5])
