@@ -15,7 +15,8 @@
 # JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [kernels] [bench] [sass]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; FLOOR_ARGS="--floor-l2" narrows
 # the floor stage to the engine's layouts without and with the L2::256B hint; CHAIN_ARGS="--chain-only engine alone"
-# the chain to the variants whose names hold one of those words (split on spaces); BENCH_ARGS are passed
+# the chain to the variants whose names hold one of those words (split on spaces; "--chain-rows 8": the MLP block
+# at 8 rows, as at C = 8); BENCH_ARGS are passed
 # to bench.py (e.g. "--profiles nvfp4 --profile-prefill 32768"), TESTS_ARGS to pytest (e.g. "tests/kernels"; split
 # on spaces, so a -k expression goes in PYTEST_ADDOPTS="-k 'norm or captured'", which pytest parses itself).
 set -uo pipefail
