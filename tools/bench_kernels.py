@@ -349,6 +349,51 @@ def floor_sweep(device: str, sweep=FLOOR_SWEEP, linears=FLOOR_LINEARS) -> list[d
     return rows
 
 
+def attention_sweep(device: str, targets=(1024, 512, 256, 128), contexts=(600, 8192, 32768), batches=(1, 8),
+                    pool_blocks: int = 4096) -> list[dict]:
+    """Decode attention as the engine's graphs run it: the 27B's 16 attention layers in one CUDA graph,
+    each sequence's block table as wide as the pool (a captured step's spans it), and the partitions
+    _partitions gives for each target program count (the default aims at 1,024): how many programs a
+    short context at C = 8 should get (each partition past the sequence's blocks is an empty program)."""
+    from ninfer_run.kernels.paged_attention import _partitions
+
+    hq, hkv, dim, bs, layers = 24, 4, 256, 64, 16
+    pool = BlockPool(KVLayout(layers, hkv, dim, bs, "int8"), pool_blocks, device=device)
+    for t in (pool.k, pool.v):
+        t.copy_(torch.randint(-127, 128, t.shape, device=device, dtype=torch.int8))
+    for t in (pool.k_scale, pool.v_scale):
+        t.copy_(torch.rand(t.shape, device=device, dtype=torch.float16) * 0.02)
+    rows = []
+    for ctx in contexts:
+        for batch in batches:
+            blocks = -(-ctx // bs)
+            if blocks * batch > pool_blocks:
+                continue
+            tables = torch.zeros(batch, pool_blocks, dtype=torch.int32, device=device)
+            tables[:, :blocks] = torch.arange(blocks * batch, dtype=torch.int32, device=device).view(batch, blocks)
+            lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+            q = torch.randn(batch, 1, hq, dim, device=device, dtype=torch.bfloat16)
+            gate = torch.randn(batch, hq, dim, device=device, dtype=torch.bfloat16)
+            want = paged_attention(q, pool, 0, tables, lens, gate=gate)
+            for target in targets:
+                parts = _partitions(batch * hkv, pool_blocks, target)
+                got = paged_attention(q, pool, 0, tables, lens, parts=parts, gate=gate)
+                assert torch.equal(got, want) or _rel(got, want) < 1e-2, (ctx, batch, target)
+                stream = torch.cuda.Stream()
+                with torch.cuda.stream(stream):
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, stream=stream):
+                        for layer in range(layers):
+                            paged_attention(q, pool, layer, tables, lens, parts=parts, gate=gate)
+                graph.replay()
+                torch.cuda.synchronize()
+                us = 1000 * _bench(graph.replay) / layers
+                kv_bytes = 2 * batch * ctx * hkv * dim * (1 + 2 / 64)
+                rows.append({"context": ctx, "batch": batch, "target_programs": target, "parts": parts,
+                             "us_per_layer": us, "GB_s": kv_bytes / us / 1e3})
+    return rows
+
+
 CHAIN_LAYERS = 16  # distinct weights: 2.4 GB, 40x the L2
 
 
@@ -545,6 +590,8 @@ def main() -> None:
                         help="with --chain: only the variants whose names hold one of these")
     parser.add_argument("--chain-rows", type=int, default=1, metavar="M",
                         help="with --chain: the rows (tokens) a step decodes, as at concurrency M")
+    parser.add_argument("--attention-sweep", action="store_true",
+                        help="only decode attention in a CUDA graph, pool-wide tables, each partition target")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -559,6 +606,10 @@ def main() -> None:
         return _report(args.out, f"bench_gemv_floor_{gpu_tag()}", "floor_sweep", rows, ceil,
                        lambda r: f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} "
                                  f"{r['blocks_per_sm']}/SM {r['us']:6.1f} us")
+    if args.attention_sweep:
+        return _report(args.out, f"bench_attention_sweep_{gpu_tag()}", "attention_sweep", attention_sweep(device), ceil,
+                       lambda r: f"attention ctx={r['context']:<6} C={r['batch']} target {r['target_programs']:>4} "
+                                 f"parts {r['parts']:>3} {r['us_per_layer']:6.1f} us/layer")
     if args.chain:
         name = f"bench_chain_{gpu_tag()}" + (f"_m{args.chain_rows}" if args.chain_rows > 1 else "")
         return _report(args.out, name, "mlp_chain", mlp_chain(device, args.chain_only, args.chain_rows), ceil,
