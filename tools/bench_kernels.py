@@ -349,12 +349,12 @@ def floor_sweep(device: str, sweep=FLOOR_SWEEP, linears=FLOOR_LINEARS) -> list[d
     return rows
 
 
-def attention_sweep(device: str, targets=(1024, 512, 256, 128), contexts=(600, 8192, 32768), batches=(1, 8),
+def attention_sweep(device: str, targets=(1024, 128, 64, 32), contexts=(600, 8192, 32768, 100_000), batches=(1, 8),
                     pool_blocks: int = 4096) -> list[dict]:
     """Decode attention as the engine's graphs run it: the 27B's 16 attention layers in one CUDA graph,
     each sequence's block table as wide as the pool (a captured step's spans it), and the partitions
-    _partitions gives for each target program count (the default aims at 1,024): how many programs a
-    short context at C = 8 should get (each partition past the sequence's blocks is an empty program)."""
+    _partitions gives for each target program count (paged_attention.TARGET_PROGRAMS; 1,024 before stop
+    30): how many programs each context and batch should get."""
     from ninfer_run.kernels.paged_attention import _partitions
 
     hq, hkv, dim, bs, layers = 24, 4, 256, 64, 16

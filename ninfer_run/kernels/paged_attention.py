@@ -137,12 +137,20 @@ def _merge_kernel(o_ptr, m_ptr, l_ptr, out_ptr, gate_ptr, gate_t, gate_h, HQ, PA
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"))
 
 
-def _partitions(programs: int, max_blocks: int, target_programs: int = 1024) -> int:
+# Programs a launch aims at when it splits sequences over partitions. 128 (one partition per 4 KV heads
+# at C = 1: 32): in a CUDA graph of the 27B's 16 layers with pool-wide tables (H100, stop 30,
+# bench_kernels --attention-sweep), 1,024 was the slowest and 128 the fastest of 1,024/512/256/128 at every
+# context (600, 8K, 32K) and batch (1, 8): C = 1 9.7 against 30.4 us a layer at 600 tokens, 68.6 against
+# 119.9 at 32K; C = 8 17.5 against 24.3 at 600. Each partition's fp32 partial ([16 rows, D]) is written and
+# merged, and the merge holds all partitions' rows at once: many partitions cost more than the serial
+# blocks they save.
+TARGET_PROGRAMS = 128
+
+
+def _partitions(programs: int, max_blocks: int, target_programs: int = TARGET_PROGRAMS) -> int:
     """Split each sequence's blocks over partitions (flash-decoding) only while there are too few
-    programs to fill the GPU: decode (one query block) gets many, a long prefill chunk one, so its
-    partial results stay the size of its output. Up to one partition per block of the table: a short
-    sequence's few blocks then go to as many programs, each one block deep (8 per partition made the
-    27B's decode attention ~20 us a layer at a 500-token context, a serial chain of loads)."""
+    programs to fill the GPU: decode (one query block) gets several, a long prefill chunk one, so its
+    partial results stay the size of its output. At most one partition per block of the table."""
     return max(1, min(max_blocks, target_programs // programs))
 
 
