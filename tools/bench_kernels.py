@@ -349,13 +349,17 @@ def floor_sweep(device: str, sweep=FLOOR_SWEEP, linears=FLOOR_LINEARS) -> list[d
     return rows
 
 
+ATTENTION_LAUNCHES = ({}, {"num_stages": 1}, {"num_stages": 2}, {"num_stages": 4}, {"num_warps": 4})
+
+
 def attention_sweep(device: str, targets=(1024, 128, 64, 32), contexts=(600, 8192, 32768, 100_000), batches=(1, 8),
-                    pool_blocks: int = 4096) -> list[dict]:
+                    pool_blocks: int = 4096, launches=ATTENTION_LAUNCHES) -> list[dict]:
     """Decode attention as the engine's graphs run it: the 27B's 16 attention layers in one CUDA graph,
     each sequence's block table as wide as the pool (a captured step's spans it), and the partitions
     _partitions gives for each target program count (paged_attention.TARGET_PROGRAMS; 1,024 before stop
-    30): how many programs each context and batch should get."""
-    from ninfer_run.kernels.paged_attention import _partitions
+    30): how many programs each context and batch should get. At the default target, also the partial
+    kernel under other Triton launch options (`launches`; {}: today's, 8 warps and Triton's stages)."""
+    from ninfer_run.kernels.paged_attention import TARGET_PROGRAMS, _partitions
 
     hq, hkv, dim, bs, layers = 24, 4, 256, 64, 16
     pool = BlockPool(KVLayout(layers, hkv, dim, bs, "int8"), pool_blocks, device=device)
@@ -375,22 +379,26 @@ def attention_sweep(device: str, targets=(1024, 128, 64, 32), contexts=(600, 819
             q = torch.randn(batch, 1, hq, dim, device=device, dtype=torch.bfloat16)
             gate = torch.randn(batch, hq, dim, device=device, dtype=torch.bfloat16)
             want = paged_attention(q, pool, 0, tables, lens, gate=gate)
-            for target in targets:
+            cells = [(target, {}) for target in targets]
+            cells += [(TARGET_PROGRAMS, launch) for launch in launches if launch]
+            for target, launch in cells:
                 parts = _partitions(batch * hkv, pool_blocks, target)
-                got = paged_attention(q, pool, 0, tables, lens, parts=parts, gate=gate)
-                assert torch.equal(got, want) or _rel(got, want) < 1e-2, (ctx, batch, target)
+                run = functools.partial(paged_attention, q, pool, block_tables=tables, seq_lens=lens, parts=parts, gate=gate,
+                                        partial_launch=launch)
+                got = run(layer=0)
+                assert torch.equal(got, want) or _rel(got, want) < 1e-2, (ctx, batch, target, launch)
                 stream = torch.cuda.Stream()
                 with torch.cuda.stream(stream):
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, stream=stream):
                         for layer in range(layers):
-                            paged_attention(q, pool, layer, tables, lens, parts=parts, gate=gate)
+                            run(layer=layer)
                 graph.replay()
                 torch.cuda.synchronize()
                 us = 1000 * _bench(graph.replay) / layers
                 kv_bytes = 2 * batch * ctx * hkv * dim * (1 + 2 / 64)
                 rows.append({"context": ctx, "batch": batch, "target_programs": target, "parts": parts,
-                             "us_per_layer": us, "GB_s": kv_bytes / us / 1e3})
+                             "launch": launch, "us_per_layer": us, "GB_s": kv_bytes / us / 1e3})
     return rows
 
 
@@ -609,7 +617,7 @@ def main() -> None:
     if args.attention_sweep:
         return _report(args.out, f"bench_attention_sweep_{gpu_tag()}", "attention_sweep", attention_sweep(device), ceil,
                        lambda r: f"attention ctx={r['context']:<6} C={r['batch']} target {r['target_programs']:>4} "
-                                 f"parts {r['parts']:>3} {r['us_per_layer']:6.1f} us/layer")
+                                 f"parts {r['parts']:>3} {str(r['launch'] or ''):<17} {r['us_per_layer']:6.1f} us/layer")
     if args.chain:
         name = f"bench_chain_{gpu_tag()}" + (f"_m{args.chain_rows}" if args.chain_rows > 1 else "")
         return _report(args.out, name, "mlp_chain", mlp_chain(device, args.chain_only, args.chain_rows), ceil,
