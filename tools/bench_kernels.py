@@ -352,12 +352,13 @@ def floor_sweep(device: str, sweep=FLOOR_SWEEP, linears=FLOOR_LINEARS) -> list[d
 ATTENTION_LAUNCHES = ({}, {"num_stages": 1}, {"num_stages": 2}, {"num_stages": 4}, {"num_warps": 4})
 
 
-def attention_sweep(device: str, targets=(1024, 128, 64, 32), contexts=(600, 8192, 32768, 100_000), batches=(1, 8),
+def attention_sweep(device: str, targets=(128, 64, 32), contexts=(600, 8192, 32768, 100_000), batches=(1, 8),
                     pool_blocks: int = 4096, launches=ATTENTION_LAUNCHES) -> list[dict]:
     """Decode attention as the engine's graphs run it: the 27B's 16 attention layers in one CUDA graph,
     each sequence's block table as wide as the pool (a captured step's spans it), and the partitions
     _partitions gives for each target program count (paged_attention.TARGET_PROGRAMS; 1,024 before stop
-    30): how many programs each context and batch should get. At the default target, also the partial
+    30, slowest everywhere in stop 30's sweep): how many programs each context and batch should get. At
+    the default target, also the partial
     kernel under other Triton launch options (`launches`; {}: today's, 8 warps and Triton's stages)."""
     from ninfer_run.kernels.paged_attention import TARGET_PROGRAMS, _partitions
 
