@@ -403,6 +403,15 @@ def attention_sweep(device: str, targets=(128, 64, 32), contexts=(600, 8192, 327
     return rows
 
 
+def _one_attention_cell(cell: list[int] | None) -> dict:
+    """attention_sweep's arguments for --attention-cells (none: its defaults)."""
+    if cell is None:
+        return {}
+    from ninfer_run.kernels.paged_attention import TARGET_PROGRAMS
+
+    return {"contexts": (cell[0],), "batches": (cell[1],), "targets": (TARGET_PROGRAMS,), "launches": ()}
+
+
 CHAIN_LAYERS = 16  # distinct weights: 2.4 GB, 40x the L2
 
 
@@ -601,6 +610,9 @@ def main() -> None:
                         help="with --chain: the rows (tokens) a step decodes, as at concurrency M")
     parser.add_argument("--attention-sweep", action="store_true",
                         help="only decode attention in a CUDA graph, pool-wide tables, each partition target")
+    parser.add_argument("--attention-cells", nargs=2, type=int, metavar=("CONTEXT", "C"),
+                        help="with --attention-sweep: this one context and batch at the default target "
+                             "(e.g. under ncu: tools/gpu_check.sh ncu)")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -616,7 +628,8 @@ def main() -> None:
                        lambda r: f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} "
                                  f"{r['blocks_per_sm']}/SM {r['us']:6.1f} us")
     if args.attention_sweep:
-        return _report(args.out, f"bench_attention_sweep_{gpu_tag()}", "attention_sweep", attention_sweep(device), ceil,
+        return _report(args.out, f"bench_attention_sweep_{gpu_tag()}", "attention_sweep", attention_sweep(
+                           device, **_one_attention_cell(args.attention_cells)), ceil,
                        lambda r: f"attention ctx={r['context']:<6} C={r['batch']} target {r['target_programs']:>4} "
                                  f"parts {r['parts']:>3} {str(r['launch'] or ''):<17} {r['us_per_layer']:6.1f} us/layer")
     if args.chain:

@@ -8,12 +8,15 @@
 #   floor   tools/bench_kernels.py --floor-sweep: the GEMV's loads alone in each work layout
 #   chain   tools/bench_kernels.py --chain: the MLP block in a CUDA graph, GEMVs apart / grouped / PDL
 #   attn    tools/bench_kernels.py --attention-sweep: decode attention in a graph, pool-wide tables, per partition target
+#   ncu     Nsight Compute on NCU_KERNEL (a regex; default the attention's partial kernel) while NCU_BENCH_ARGS (default
+#           one attention cell, 32K tokens at C = 1) runs bench_kernels.py: speed of light, memory and compute
+#           workload, warp stalls, occupancy of 2 launches (ncu_report.txt)
 #   kernels tools/bench_kernels.py: each kernel vs the roofline and its bf16 peer
 #   bench   tools/bench.py: the full-size qwen3.8-27b through the engine vs transformers
 #   sass    the engine's NVFP4 GEMVs (tiled, 8 warps, depth 2: M = 1 with the blocks as MMA columns, 2-8 rows
 #           with x staged) disassembled: gemv_sass.txt, gemv_columns_sass.txt and their instruction counts
 #           by opcode (what the arithmetic costs per tile)
-# JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [attn] [kernels] [bench] [sass]
+# JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [attn] [ncu] [kernels] [bench] [sass]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; FLOOR_ARGS="--floor-l2" narrows
 # the floor stage to the engine's layouts without and with the L2::256B hint; CHAIN_ARGS="--chain-only engine alone"
 # the chain to the variants whose names hold one of those words (split on spaces; "--chain-rows 8": the MLP block
@@ -43,6 +46,11 @@ for stage in $stages; do
         gemv) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gemv-only --out "$OUT" 2>&1 | tee "$OUT/bench_gemv.log" | grep gemv | cut -c1-220 ;;
         floor) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py ${FLOOR_ARGS:---floor-sweep} --out "$OUT" 2>&1 | tee "$OUT/bench_floor.log" | grep floor ;;
         attn) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --attention-sweep --out "$OUT" 2>&1 | tee "$OUT/bench_attention.log" | grep attention ;;
+        ncu) timeout ${NCU_S:-240} ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-_partial_kernel}" \
+                 --launch-skip 2 --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+                 --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+                 --section SourceCounters python3 tools/bench_kernels.py ${NCU_BENCH_ARGS:---attention-sweep --attention-cells 32768 1} \
+                 --out "$OUT" > "$OUT/ncu_report.txt" 2>&1; echo "ncu: exit $?"; grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|Stall|Executed Ipc" "$OUT/ncu_report.txt" | head -40 ;;
         chain) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --chain ${CHAIN_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench_chain.log" | grep chain ;;
         kernels) timeout ${KERNELS_S:-300} python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
         bench) # the GPU's clocks, temperature, power and throttle reasons every 2 s beside it (prefill is
