@@ -156,12 +156,12 @@ def _partitions(programs: int, max_blocks: int, target_programs: int = TARGET_PR
 
 def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     tokens_per_program: int | None = None, parts: int | None = None,
-                    gate: torch.Tensor | None = None, partial_launch: dict | None = None) -> torch.Tensor:
+                    gate: torch.Tensor | None = None, partial_options: dict | None = None) -> torch.Tensor:
     """q [B, q_len, Hq, D] (bf16/fp16) over an INT8 pool -> [B, q_len, Hq, D] float32.
     `block_tables` int32 [B, max_blocks] (padding entries any valid block), `seq_lens` int32 [B].
     `gate` [B * q_len, Hq, D] (any strides but the last): the output then is layers.output_gate of it,
     in q's dtype (the merge does it: at decode three small kernels fewer per layer).
-    `partial_launch`: Triton launch options (num_warps, num_stages) for the partial kernel in place of
+    `partial_options`: Triton launch options (num_warps, num_stages) for the partial kernel in place of
     the defaults (tools/bench_kernels.py --attention-sweep compares them)."""
     if pool.layout.dtype != "int8":
         raise ValueError("the Triton path reads the INT8 group-64 pool")
@@ -179,7 +179,7 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: 
     _partial_kernel[(bsz * q_blocks, hkv, parts)](
         q.contiguous(), pool.k, pool.v, pool.k_scale, pool.v_scale, block_tables, seq_lens, o, m, lsum,
         layer, pool.num_blocks, max_blocks, q_len, dim ** -0.5, HQ=hq, HKV=hkv, D=dim, BS=bs,
-        TOKENS=tokens, ROWS=rows, **({"num_warps": 8 if dim >= 256 else 4} | (partial_launch or {})))
+        TOKENS=tokens, ROWS=rows, **({"num_warps": 8 if dim >= 256 else 4} | (partial_options or {})))
     out = torch.empty(bsz * q_len * hq, dim, dtype=torch.float32 if gate is None else q.dtype, device=q.device)
     if gate is not None:
         assert gate.shape == (bsz * q_len, hq, dim) and gate.stride(-1) == 1
