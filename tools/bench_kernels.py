@@ -358,13 +358,14 @@ ATTENTION_LAUNCHES = ({}, {"num_stages": 1}, {"num_stages": 2}, {"num_warps": 4}
 
 
 def attention_sweep(device: str, targets=(128, 64, 32), contexts=(600, 8192, 32768, 100_000), batches=(1, 8),
-                    pool_blocks: int = 4096, launches=ATTENTION_LAUNCHES) -> list[dict]:
+                    pool_blocks: int = 4096, launches=ATTENTION_LAUNCHES, q_len: int = 1) -> list[dict]:
     """Decode attention as the engine's graphs run it: the 27B's 16 attention layers in one CUDA graph,
     each sequence's block table as wide as the pool (a captured step's spans it), and the partitions
     _partitions gives for each target program count (paged_attention.TARGET_PROGRAMS; 1,024 before stop
     30, slowest everywhere in stop 30's sweep): how many programs each context and batch should get. At
-    the default target, also the partial
-    kernel under other Triton launch options (`launches`; {}: today's, 8 warps and Triton's stages)."""
+    the default target, also the partial kernel under other Triton launch options (`launches`; {}:
+    today's, 8 warps and Triton's stages). q_len: query rows a sequence (1: decode; up to 64: a short
+    prefill chunk, the longest the paged kernel takes, state.DENSE_PREFILL_ROWS)."""
     from ninfer_run.kernels.paged_attention import TARGET_PROGRAMS, _partitions
 
     hq, hkv, dim, bs, layers = 24, 4, 256, 64, 16
@@ -382,13 +383,14 @@ def attention_sweep(device: str, targets=(128, 64, 32), contexts=(600, 8192, 327
             tables = torch.zeros(batch, pool_blocks, dtype=torch.int32, device=device)
             tables[:, :blocks] = torch.arange(blocks * batch, dtype=torch.int32, device=device).view(batch, blocks)
             lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
-            q = torch.randn(batch, 1, hq, dim, device=device, dtype=torch.bfloat16)
-            gate = torch.randn(batch, hq, dim, device=device, dtype=torch.bfloat16)
+            q = torch.randn(batch, q_len, hq, dim, device=device, dtype=torch.bfloat16)
+            gate = torch.randn(batch * q_len, hq, dim, device=device, dtype=torch.bfloat16)
+            q_blocks = -(-q_len // max(1, min(q_len, 64 // (hq // hkv))))  # paged_attention's query blocks
             want = paged_attention(q, pool, 0, tables, lens, gate=gate)
             cells = [(target, {}) for target in targets]
             cells += [(TARGET_PROGRAMS, launch) for launch in launches if launch]
             for target, launch in cells:
-                parts = _partitions(batch * hkv, pool_blocks, target)
+                parts = _partitions(batch * q_blocks * hkv, pool_blocks, target)
                 run = functools.partial(paged_attention, q, pool, block_tables=tables, seq_lens=lens, parts=parts, gate=gate,
                                         partial_options=launch)
                 got = run(layer=0)
@@ -403,18 +405,21 @@ def attention_sweep(device: str, targets=(128, 64, 32), contexts=(600, 8192, 327
                 torch.cuda.synchronize()
                 us = 1000 * _bench(graph.replay) / layers
                 kv_bytes = 2 * batch * ctx * hkv * dim * (1 + 2 / 64)
-                rows.append({"context": ctx, "batch": batch, "target_programs": target, "parts": parts,
+                rows.append({"context": ctx, "batch": batch, "q_len": q_len, "target_programs": target, "parts": parts,
                              "launch": launch, "us_per_layer": us, "GB_s": kv_bytes / us / 1e3})
     return rows
 
 
-def _one_attention_cell(cell: list[int] | None) -> dict:
-    """attention_sweep's arguments for --attention-cells (none: its defaults)."""
-    if cell is None:
-        return {}
+def _attention_rows(device: str, cell: list[int] | None) -> list[dict]:
+    """--attention-sweep's rows: one (context, C) decode cell at the default target (--attention-cells), or
+    the sweep and then a 64-row prefill chunk over long contexts at the old and the new target (stop 30
+    moved it from 36 partitions to 4)."""
     from ninfer_run.kernels.paged_attention import TARGET_PROGRAMS
 
-    return {"contexts": (cell[0],), "batches": (cell[1],), "targets": (TARGET_PROGRAMS,), "launches": ()}
+    if cell is not None:
+        return attention_sweep(device, contexts=(cell[0],), batches=(cell[1],), targets=(TARGET_PROGRAMS,), launches=())
+    return attention_sweep(device) + attention_sweep(device, targets=(1024, TARGET_PROGRAMS), contexts=(32768, 100_000),
+                                                     batches=(1,), launches=(), q_len=64)
 
 
 CHAIN_LAYERS = 16  # distinct weights: 2.4 GB, 40x the L2
@@ -633,9 +638,8 @@ def main() -> None:
                        lambda r: f"floor {r['linear']:<14} {r['mode']:<8} {r['warps']:>2}x{r['depth']} "
                                  f"{r['blocks_per_sm']}/SM {r['us']:6.1f} us")
     if args.attention_sweep:
-        return _report(args.out, f"bench_attention_sweep_{gpu_tag()}", "attention_sweep", attention_sweep(
-                           device, **_one_attention_cell(args.attention_cells)), ceil,
-                       lambda r: f"attention ctx={r['context']:<6} C={r['batch']} target {r['target_programs']:>4} "
+        return _report(args.out, f"bench_attention_sweep_{gpu_tag()}", "attention_sweep", _attention_rows(device, args.attention_cells), ceil,
+                       lambda r: f"attention ctx={r['context']:<6} C={r['batch']} q={r['q_len']:<2} target {r['target_programs']:>4} "
                                  f"parts {r['parts']:>3} {str(r['launch'] or ''):<17} {r['us_per_layer']:6.1f} us/layer")
     if args.chain:
         name = f"bench_chain_{gpu_tag()}" + (f"_m{args.chain_rows}" if args.chain_rows > 1 else "")
