@@ -366,7 +366,7 @@ def attention_sweep(device: str, targets=(128, 64, 32), contexts=(600, 8192, 327
     the default target, also the partial kernel under other Triton launch options (`launches`; {}:
     today's, 8 warps and Triton's stages). q_len: query rows a sequence (1: decode; up to 64: a short
     prefill chunk, the longest the paged kernel takes, state.DENSE_PREFILL_ROWS)."""
-    from ninfer_run.kernels.paged_attention import TARGET_PROGRAMS, _partitions
+    from ninfer_run.kernels.paged_attention import TARGET_PROGRAMS, _partitions, _tokens_per_program
 
     hq, hkv, dim, bs, layers = 24, 4, 256, 64, 16
     pool = BlockPool(KVLayout(layers, hkv, dim, bs, "int8"), pool_blocks, device=device)
@@ -385,7 +385,7 @@ def attention_sweep(device: str, targets=(128, 64, 32), contexts=(600, 8192, 327
             lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
             q = torch.randn(batch, q_len, hq, dim, device=device, dtype=torch.bfloat16)
             gate = torch.randn(batch * q_len, hq, dim, device=device, dtype=torch.bfloat16)
-            q_blocks = -(-q_len // max(1, min(q_len, 64 // (hq // hkv))))  # paged_attention's query blocks
+            q_blocks = -(-q_len // _tokens_per_program(q_len, hq // hkv))
             want = paged_attention(q, pool, 0, tables, lens, gate=gate)
             cells = [(target, {}) for target in targets]
             cells += [(TARGET_PROGRAMS, launch) for launch in launches if launch]

@@ -154,6 +154,11 @@ def _partitions(programs: int, max_blocks: int, target_programs: int = TARGET_PR
     return max(1, min(max_blocks, target_programs // programs))
 
 
+def _tokens_per_program(q_len: int, group: int) -> int:
+    """Query tokens a program takes: as many as fill 64 rows with their GQA group's heads."""
+    return max(1, min(q_len, 64 // group))
+
+
 def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     tokens_per_program: int | None = None, parts: int | None = None,
                     gate: torch.Tensor | None = None, partial_options: dict | None = None) -> torch.Tensor:
@@ -168,7 +173,7 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: 
     bsz, q_len, hq, dim = q.shape
     hkv, bs = pool.layout.kv_heads, pool.layout.block_size
     group = hq // hkv
-    tokens = tokens_per_program or max(1, min(q_len, 64 // group))
+    tokens = tokens_per_program or _tokens_per_program(q_len, group)
     rows = max(16, triton.next_power_of_2(tokens * group))
     max_blocks = block_tables.shape[1]
     q_blocks = triton.cdiv(q_len, tokens)
