@@ -39,7 +39,13 @@ import triton  # noqa: E402
 
 from ninfer_pack.quant import quantize_int, quantize_nvfp4  # noqa: E402
 from ninfer_run.kernels import cuda_ops, gated_delta, int_linear, nvfp4_linear  # noqa: E402
-from ninfer_run.kernels.paged_attention import dense_prefill, paged_attention  # noqa: E402
+from ninfer_run.kernels.paged_attention import (  # noqa: E402
+    TARGET_PROGRAMS,
+    _partitions,
+    _tokens_per_program,
+    dense_prefill,
+    paged_attention,
+)
 from ninfer_run.kernels.paged_attention import reference as attention_reference  # noqa: E402
 from ninfer_run.kv.pool import BlockPool, KVLayout  # noqa: E402
 
@@ -366,8 +372,6 @@ def attention_sweep(device: str, targets=(128, 64, 32), contexts=(600, 8192, 327
     the default target, also the partial kernel under other Triton launch options (`launches`; {}:
     today's, 8 warps and Triton's stages). q_len: query rows a sequence (1: decode; up to 64: a short
     prefill chunk, the longest the paged kernel takes, state.DENSE_PREFILL_ROWS)."""
-    from ninfer_run.kernels.paged_attention import TARGET_PROGRAMS, _partitions, _tokens_per_program
-
     hq, hkv, dim, bs, layers = 24, 4, 256, 64, 16
     pool = BlockPool(KVLayout(layers, hkv, dim, bs, "int8"), pool_blocks, device=device)
     for t in (pool.k, pool.v):
@@ -414,8 +418,6 @@ def _attention_rows(device: str, cell: list[int] | None) -> list[dict]:
     """--attention-sweep's rows: one (context, C) decode cell at the default target (--attention-cells), or
     the sweep and then a 64-row prefill chunk over long contexts at the old and the new target (stop 30
     moved it from 36 partitions to 4)."""
-    from ninfer_run.kernels.paged_attention import TARGET_PROGRAMS
-
     if cell is not None:
         return attention_sweep(device, contexts=(cell[0],), batches=(cell[1],), targets=(TARGET_PROGRAMS,), launches=())
     return attention_sweep(device) + attention_sweep(device, targets=(1024, TARGET_PROGRAMS), contexts=(32768, 100_000),
