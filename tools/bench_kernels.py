@@ -355,22 +355,20 @@ def floor_sweep(device: str, sweep=FLOOR_SWEEP, linears=FLOOR_LINEARS) -> list[d
     return rows
 
 
-# The partial kernel's launch options tried at the default target ({}: 8 warps, Triton's 3 stages).
-# Stop 30 (H100): stages 2-4 and 4 warps within 1-3% of the default, 1 stage 5-12% slower (Triton does
-# pipeline the K/V loads: cp.async in its SASS). 16 warps: compiled here (Triton 3.9, sm_90a, 16-byte
-# aligned pointers as the JIT specializes them) 128 registers a thread against 214 at 8 warps: one
-# program a SM either way, twice the warps to hide latency with.
-ATTENTION_LAUNCHES = ({}, {"num_stages": 1}, {"num_stages": 2}, {"num_warps": 4}, {"num_warps": 16})
+# The partial kernel's launch options tried at the default target ({}: 4 warps, Triton's 3 stages; two
+# programs an SM). Stop 31 (H100): 8 warps 1.7-2x slower from 8K tokens on (one program an SM), stages 2
+# up to 16% slower and 4 the same. Stop 30 (8 warps, 128 programs): 16 warps slower still.
+ATTENTION_LAUNCHES = ({}, {"num_stages": 2}, {"num_stages": 4}, {"num_warps": 8})
 
 
-def attention_sweep(device: str, targets=(128, 64, 32), contexts=(600, 8192, 32768, 100_000), batches=(1, 8),
+def attention_sweep(device: str, targets=(TARGET_PROGRAMS, 512, 128), contexts=(600, 8192, 32768, 100_000), batches=(1, 8),
                     pool_blocks: int = 4096, launches=ATTENTION_LAUNCHES, q_len: int = 1) -> list[dict]:
     """Decode attention as the engine's graphs run it: the 27B's 16 attention layers in one CUDA graph,
     each sequence's block table as wide as the pool (a captured step's spans it), and the partitions
-    _partitions gives for each target program count (paged_attention.TARGET_PROGRAMS; 1,024 before stop
-    30, slowest everywhere in stop 30's sweep): how many programs each context and batch should get. At
-    the default target, also the partial kernel under other Triton launch options (`launches`; {}:
-    today's, 8 warps and Triton's stages). q_len: query rows a sequence (1: decode; up to 64: a short
+    _partitions gives for each target program count (paged_attention.TARGET_PROGRAMS: 1,024 before stop
+    30, 128 in stop 30, 256 since stop 31's 4 warps): how many programs each context and batch should get.
+    At the default target, also the partial kernel under other Triton launch options (`launches`; {}:
+    today's, 4 warps and Triton's stages). q_len: query rows a sequence (1: decode; up to 64: a short
     prefill chunk, the longest the paged kernel takes, state.DENSE_PREFILL_ROWS)."""
     hq, hkv, dim, bs, layers = 24, 4, 256, 64, 16
     pool = BlockPool(KVLayout(layers, hkv, dim, bs, "int8"), pool_blocks, device=device)
@@ -416,8 +414,8 @@ def attention_sweep(device: str, targets=(128, 64, 32), contexts=(600, 8192, 327
 
 def _attention_rows(device: str, cell: list[int] | None) -> list[dict]:
     """--attention-sweep's rows: one (context, C) decode cell at the default target (--attention-cells), or
-    the sweep and then a 64-row prefill chunk over long contexts at the old and the new target (stop 30
-    moved it from 36 partitions to 4)."""
+    the sweep and then a 64-row prefill chunk over long contexts at stop 30's first target and today's
+    (36 partitions, then 4 at stop 30's 128 programs, 9 at stop 31's 256)."""
     if cell is not None:
         return attention_sweep(device, contexts=(cell[0],), batches=(cell[1],), targets=(TARGET_PROGRAMS,), launches=())
     return attention_sweep(device) + attention_sweep(device, targets=(1024, TARGET_PROGRAMS), contexts=(32768, 100_000),

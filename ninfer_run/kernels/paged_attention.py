@@ -4,9 +4,10 @@ Each sequence brings `q_len` new query tokens (already written to the pool) at t
 `seq_len` tokens; query token j sees keys 0 .. seq_len - q_len + j (causal). A program takes one
 sequence, one KV head, a block of query tokens (all the heads of that KV head's GQA group, as rows of
 one tensor-core tile) and one partition of the sequence's KV blocks; K and V are dequantized per
-64-value group in registers. Partitions (flash-decoding) give long contexts enough programs; a second
-kernel merges their partial softmaxes. `reference` decodes the pool with kv/ (pure torch) and runs
-layers.causal_attention.
+64-value group in registers, to fp16 by integer bit arithmetic (`_dequant`), and q joins them in fp16:
+exact for bf16 q inside fp16's range (q and k are RMS-normed, v a projection's output, all far below
+65,504). Partitions (flash-decoding) give long contexts enough programs; a second kernel merges their
+partial softmaxes. `reference` decodes the pool with kv/ (pure torch) and runs layers.causal_attention.
 """
 
 from __future__ import annotations
@@ -58,11 +59,16 @@ def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int
 
 
 @triton.jit
-def _group_scales(s_ptr, slot, live, BS: tl.constexpr, D: tl.constexpr):
-    """The tokens' fp16 scales, one per 64 values, loaded once each and spread over their groups -> [BS, D]."""
-    groups = tl.load(s_ptr + slot[:, None] * (D // 64) + tl.arange(0, D // 64)[None, :], mask=live[:, None],
-                     other=0).to(tl.float32)
-    return tl.reshape(tl.broadcast_to(groups[:, :, None], (BS, D // 64, 64)), (BS, D))
+def _dequant(x_ptr, s_ptr, slot, live, BS: tl.constexpr, D: tl.constexpr):
+    """[BS, D] int8 values times their fp16 group scales, in fp16 with no int->float conversion instruction:
+    byte u = x + 128 under the exponent of 1024 is the fp16 1024 + u, exactly; minus 1152 it is x. The
+    int8 -> fp32 -> bf16 conversions this replaced (I2F and F2FP, 16 a clock an SM) held the kernel at
+    ~1.1 TB/s; this is integer and packed-fp16 arithmetic (LOP3, PRMT, HADD2, HMUL2 in its SASS)."""
+    d = tl.arange(0, D)
+    raw = tl.load(x_ptr + slot[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.uint8, bitcast=True)
+    x = (raw.to(tl.uint16) ^ 0x6480).to(tl.float16, bitcast=True) - 1152.0
+    groups = tl.load(s_ptr + slot[:, None] * (D // 64) + tl.arange(0, D // 64)[None, :], mask=live[:, None], other=0)
+    return x * tl.reshape(tl.broadcast_to(groups[:, :, None], (BS, D // 64, 64)), (BS, D))
 
 
 @triton.jit
@@ -80,7 +86,8 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
     row_ok = (rows < TOKENS * G) & (tok < q_len)
     d = tl.arange(0, D)
     seq_len = tl.load(lens_ptr + b)
-    q = tl.load(q_ptr + ((b * q_len + tok) * HQ + head)[:, None] * D + d[None, :], mask=row_ok[:, None], other=0)
+    q = tl.load(q_ptr + ((b * q_len + tok) * HQ + head)[:, None] * D + d[None, :], mask=row_ok[:, None],
+                other=0).to(tl.float16)
     pos_q = seq_len - q_len + tok
     m = tl.full((ROWS,), _NEG, tl.float32)
     lsum = tl.zeros((ROWS,), tl.float32)
@@ -97,10 +104,8 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
         block = tl.load(table_ptr + b * max_blocks + index, mask=index < max_blocks, other=0)
         # int64: a pool past 2^31 values (the 27B's 16 layers from 131,072 tokens) wraps 32-bit offsets
         slot = ((layer * num_blocks + block).to(tl.int64) * BS + t) * HKV + h
-        k = tl.load(k_ptr + slot[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
-        v = tl.load(v_ptr + slot[:, None] * D + d[None, :], mask=live[:, None], other=0).to(tl.float32)
-        k = (k * _group_scales(ks_ptr, slot, live, BS, D)).to(q.dtype)
-        v = (v * _group_scales(vs_ptr, slot, live, BS, D)).to(q.dtype)
+        k = _dequant(k_ptr, ks_ptr, slot, live, BS, D)
+        v = _dequant(v_ptr, vs_ptr, slot, live, BS, D)
         s = tl.dot(q, tl.trans(k)) * sm_scale
         visible = (pos_k[None, :] <= pos_q[:, None]) & live[None, :] & row_ok[:, None]
         s = tl.where(visible, s, _NEG)
@@ -108,7 +113,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
         p = tl.where(visible, tl.exp(s - m_new[:, None]), 0.0)
         alpha = tl.exp(m - m_new)
         lsum = lsum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
         m = m_new
     parts = tl.num_programs(2)
     out_row = (b * q_len + tok) * HQ + head
@@ -137,14 +142,19 @@ def _merge_kernel(o_ptr, m_ptr, l_ptr, out_ptr, gate_ptr, gate_t, gate_h, HQ, PA
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"))
 
 
-# Programs a launch aims at when it splits sequences over partitions. 128 (one partition per 4 KV heads
-# at C = 1: 32): in a CUDA graph of the 27B's 16 layers with pool-wide tables (H100, stop 30,
-# bench_kernels --attention-sweep), 1,024 was the slowest and 128 the fastest of 1,024/512/256/128 at every
-# context (600, 8K, 32K) and batch (1, 8): C = 1 9.7 against 30.4 us a layer at 600 tokens, 68.6 against
-# 119.9 at 32K; C = 8 17.5 against 24.3 at 600. Each partition's fp32 partial ([16 rows, D]) is written and
-# merged, and the merge holds all partitions' rows at once: many partitions cost more than the serial
-# blocks they save.
-TARGET_PROGRAMS = 128
+# Programs a launch aims at when it splits sequences over partitions, and the partial kernel's warps.
+# 256 programs of 4 warps (one partition per 8 KV heads at C = 1: 64): two programs share an SM, so one's
+# loads overlap the other's arithmetic. At 8 warps the kernel takes ~200 registers a thread, one program an
+# SM, and Triton's cp.async pipeline waits for each block before computing on it (DEPBAR 0 at the loop's top
+# in its SASS): a lone program alternates loading and computing. H100, stop 31, bench_kernels' attention
+# sweep (the 27B's 16 layers in a CUDA graph, tables as wide as a 4,096-block pool), us a layer, C = 1 at
+# 100K tokens: 187.4 at 128 programs of 8 warps with the old fp32 dequantization, 123.9 at 256 of 4, 96.1
+# with _dequant as well (2.2 TB/s, 73% of copy); at 32K 68.2 -> 39.7, C = 8 at 32K 458.0 -> 218.3; at 600
+# tokens 9.0 -> 10.1 (~18 us a token). 384 and 512 programs and 8 warps were slower, Triton's stages 2 and
+# 4 no faster; a next-block register prefetch at 128 x 8 warps (54.5 at 32K) lost to the two programs. Stop
+# 30: 1,024 programs were 3x slower than 128 at 600 tokens (each partition writes a [16, D] fp32 partial
+# that the merge reads back).
+TARGET_PROGRAMS = 256
 
 
 def _partitions(programs: int, max_blocks: int, target_programs: int = TARGET_PROGRAMS) -> int:
@@ -184,7 +194,7 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: 
     _partial_kernel[(bsz * q_blocks, hkv, parts)](
         q.contiguous(), pool.k, pool.v, pool.k_scale, pool.v_scale, block_tables, seq_lens, o, m, lsum,
         layer, pool.num_blocks, max_blocks, q_len, dim ** -0.5, HQ=hq, HKV=hkv, D=dim, BS=bs,
-        TOKENS=tokens, ROWS=rows, **({"num_warps": 8 if dim >= 256 else 4} | (partial_options or {})))
+        TOKENS=tokens, ROWS=rows, **({"num_warps": 4} | (partial_options or {})))
     out = torch.empty(bsz * q_len * hq, dim, dtype=torch.float32 if gate is None else q.dtype, device=q.device)
     if gate is not None:
         assert gate.shape == (bsz * q_len, hq, dim) and gate.stride(-1) == 1
