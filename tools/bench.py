@@ -9,7 +9,8 @@ The model is built in GPU memory from the registry's own tensor list (64 layers 
 NVFP4 global scales are per tensor here (the packer shares one across fused q/k/v and gate/up; the
 kernels read either the same way). Everything then runs through the real engine (paged INT8 KV,
 chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
-  - prefill: TTFT of one 8K / 32K / 100K-token prompt; tok/s and model FLOP/s vs the bf16 ceiling;
+  - prefill: TTFT of one 8K / 32K / 100K-token prompt; tok/s and model FLOP/s vs the bf16 ceiling; then
+    (--turn N, default 2048) an agent's next turn after the longest: N new tokens on its reused prefix;
   - decode: aggregate tok/s at C = 1, 2, 4, 8 vs the weight-bandwidth roofline (bytes every token reads);
   - MTP (--draft-tokens 3): at the real acceptance (random weights: near 0) at C = 1, and at a forced
     one (successive verifies accept 3, 0, 2, 1 drafts: 50%) at every C;
@@ -142,17 +143,27 @@ def _triton_kernels_cached() -> dict[str, str]:
             for entry in cache.iterdir()}
 
 
-def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None = None) -> dict:
-    engine = build_engine(model, EngineConfig(max_context=tokens + 64, prefill_chunk=chunk, max_frontiers=1))
-    result = engine.submit(Request(_prompt(tokens, model.cfg.vocab_size, seed), max_tokens=1, params=GREEDY))
+def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None = None, turn: int = 0) -> dict:
+    """TTFT of one `tokens`-token prompt; with `turn`, then of an agent's next turn in the same engine: the
+    prompt, its reply token and `turn` new tokens, the prompt's prefix reused (cached_tokens says how much)."""
+    engine = build_engine(model, EngineConfig(max_context=tokens + turn + 64, prefill_chunk=chunk, max_frontiers=1))
+    prompt = _prompt(tokens, model.cfg.vocab_size, seed)
+    result = engine.submit(Request(prompt, max_tokens=1, params=GREEDY))
     cached = _triton_kernels_cached()
     _profiled(engine.run_until_done, profile_to)
     _sync()
     ttft = result.first_token - result.admitted
+    row = {"tokens": tokens, "chunk": chunk, "ttft_s": ttft, "tok_s": tokens / ttft, **_compiled_since(cached)}
+    if turn:
+        follow = prompt + result.tokens + _prompt(turn, model.cfg.vocab_size, seed + 1)
+        second = engine.submit(Request(follow, max_tokens=1, params=GREEDY))
+        engine.run_until_done()
+        _sync()
+        row["turn"] = {"new_tokens": len(follow) - second.cached_tokens, "cached_tokens": second.cached_tokens,
+                       "ttft_s": second.first_token - second.admitted}
     del engine
     gc.collect()
-    return {"tokens": tokens, "chunk": chunk, "ttft_s": ttft, "tok_s": tokens / ttft,
-            **_compiled_since(cached)}
+    return row
 
 
 def server_warm_up(model, chunk: int) -> dict:
@@ -368,6 +379,10 @@ def table(r: dict) -> str:
                 "prefill_tokens") else ""
             lines.append(f"  prefill {row['tokens']:>6}: TTFT {row['ttft_s']:6.2f} s, {row['tok_s']:7.0f} tok/s, "
                          f"linears at {row['of_flop_ceiling']:.0%} of the FLOP ceiling{vs}")
+            if "turn" in row:
+                t = row["turn"]
+                lines.append(f"    its next turn: {t['new_tokens']} new tokens on {t['cached_tokens']:,} reused, "
+                             f"TTFT {t['ttft_s']:.3f} s")
         for row in p.get("decode", []):
             mtp = f" MTP{row['draft_tokens']}{' forced' if row['forced'] else ''}" if row["draft_tokens"] else ""
             acc = f" accept {row['acceptance']:.0%}" if row["acceptance"] is not None else ""
@@ -454,6 +469,9 @@ def main() -> None:
     parser.add_argument("--profiles", nargs="+", default=["nvfp4", "int4"])
     parser.add_argument("--prefill", nargs="+", type=int, default=[8192, 32768, 100_000])
     parser.add_argument("--chunk", type=int, default=8192, help="prefill chunk (tokens)")
+    parser.add_argument("--turn", type=int, default=2048, metavar="TOKENS",
+                        help="after the longest prompt, the TTFT of a next turn of this many new tokens on its "
+                             "reused prefix, as an agent's (0: none)")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--new-tokens", type=int, default=48, help="timed tokens per sequence")
     parser.add_argument("--decode-context", type=int, default=32768, metavar="TOKENS",
@@ -479,6 +497,7 @@ def main() -> None:
     model_id = "qwen3.8-27b" if gpu else "tiny-qwen3.5"
     if not gpu:
         args.prefill, args.chunk, args.concurrency, args.new_tokens = [64], 32, [1, 2], 4
+        args.turn = min(args.turn, 40)
         args.decode_context = min(args.decode_context, 600)
     if gpu and not gated_delta.available(torch.device(device)):
         raise SystemExit("fla-core is missing: the Gated DeltaNet reference loop would take hours at these lengths")
@@ -512,7 +531,7 @@ def main() -> None:
         print(f"[{profile}] server warm-up ({warm['prompt_tokens']} tokens, {warm['new_tokens']} generated): "
               f"{warm['seconds']:.2f} s, {warm['triton_compiled']} Triton kernels compiled", flush=True)
         for tokens in args.prefill if n == 0 else args.prefill[:1]:  # later profiles: the 8K point (device time)
-            row = prefill(model, tokens, args.chunk, seed=tokens)
+            row = prefill(model, tokens, args.chunk, seed=tokens, turn=args.turn if tokens == max(args.prefill) else 0)
             row["of_flop_ceiling"] = flops * row["tok_s"] / (ceil["bf16_TFLOP_s"] * 1e12)
             p["prefill"].append(row)
             save()
