@@ -325,6 +325,50 @@ def _gdn_in_place(hk, hv, d, g, beta, state, device, on_gpu: bool):
                                               hk)), err
 
 
+GDN_SWEEP = [(bv, warps) for bv in (16, 32, 64, 128) for warps in (1, 2, 4, 8)]
+
+
+def gdn_sweep(device: str, batches=(1, 8), sweep=GDN_SWEEP) -> list[dict]:
+    """The GDN recurrence as a decode step runs it: the 27B's 48 GDN layers' recurrent_step in one CUDA
+    graph (a slab of fp32 states per layer, 3.1 MB a sequence: 48 of them are 20x the L2), per (value
+    block, warps): Dv columns a program and Triton warps. Each is checked against the default (32, 4) on
+    copies of the same states. The state is read and written once a token: its bytes against the copy rate
+    say what is left (stop 30's profile: 4.5 us a layer at C = 1, ~1.4 TB/s)."""
+    from ninfer_run.kernels import gdn_decode
+
+    hk, hv, d, layers = 16, 48, 128, 48
+    on_gpu = device == "cuda"
+    dtype = torch.bfloat16 if on_gpu else torch.float16
+    rows = []
+    for batch in batches:
+        conv = torch.randn(batch, 2 * hk * d + hv * d, device=device).to(dtype)
+        g = -torch.nn.functional.softplus(torch.randn(batch, hv, device=device)) * 0.1
+        beta = torch.rand(batch, hv, device=device)
+        slabs = [torch.randn(batch, hv, d, d, device=device) * 0.1 for _ in range(layers if on_gpu else 1)]
+        slots = torch.arange(batch, device=device)
+        want_state = slabs[0].clone()
+        want = gdn_decode.recurrent_step(conv, g, beta, want_state, slots, hk)
+        for bv, warps in sweep:
+            options = {"value_block": bv, "launch_options": {"num_warps": warps}}
+            state = slabs[0].clone()
+            got = gdn_decode.recurrent_step(conv, g, beta, state, slots, hk, **options)
+            assert _rel(got, want) < 1e-2 and _rel(state, want_state) < 1e-5, (batch, bv, warps)
+            if not on_gpu:
+                continue
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=stream):
+                    for slab in slabs:
+                        gdn_decode.recurrent_step(conv, g, beta, slab, slots, hk, **options)
+            graph.replay()
+            torch.cuda.synchronize()
+            us = 1000 * _bench(graph.replay) / layers
+            rows.append({"batch": batch, "value_block": bv, "warps": warps, "programs": batch * hv * (d // bv),
+                         "us_per_layer": us, "GB_s": 2 * batch * hv * d * d * 4 / us / 1e3})
+    return rows
+
+
 FLOOR_SWEEP = ([("flat", 1, d, b) for d in (2, 4, 8) for b in (2, 4, 8)]
                + [("split", w, d, 0) for w, d in ((4, 2), (8, 2), (8, 4), (8, 8), (16, 4))]
                + [("persist", w, d, b) for w, d in ((4, 8), (8, 4), (8, 8)) for b in (1, 2, 4)])
@@ -620,6 +664,9 @@ def main() -> None:
                         help="with --chain: the rows (tokens) a step decodes, as at concurrency M")
     parser.add_argument("--attention-sweep", action="store_true",
                         help="only decode attention in a CUDA graph, pool-wide tables, each partition target")
+    parser.add_argument("--gdn-sweep", action="store_true",
+                        help="only the GDN recurrence of a decode step (48 layers in a CUDA graph), per Dv block "
+                             "and warps")
     parser.add_argument("--attention-cells", nargs=2, type=int, metavar=("CONTEXT", "C"),
                         help="with --attention-sweep: this one context and batch at the default target "
                              "(e.g. under ncu: tools/gpu_check.sh ncu)")
@@ -641,6 +688,10 @@ def main() -> None:
         return _report(args.out, f"bench_attention_sweep_{gpu_tag()}", "attention_sweep", _attention_rows(device, args.attention_cells), ceil,
                        lambda r: f"attention ctx={r['context']:<6} C={r['batch']} q={r['q_len']:<2} target {r['target_programs']:>4} "
                                  f"parts {r['parts']:>3} {str(r['launch'] or ''):<17} {r['us_per_layer']:6.1f} us/layer")
+    if args.gdn_sweep:
+        return _report(args.out, f"bench_gdn_sweep_{gpu_tag()}", "gdn_sweep", gdn_sweep(device), ceil,
+                       lambda r: f"gdn C={r['batch']} Dv block {r['value_block']:>3} x {r['warps']} warps "
+                                 f"({r['programs']:>4} programs) {r['us_per_layer']:6.2f} us/layer")
     if args.chain:
         name = f"bench_chain_{gpu_tag()}" + (f"_m{args.chain_rows}" if args.chain_rows > 1 else "")
         return _report(args.out, name, "mlp_chain", mlp_chain(device, args.chain_only, args.chain_rows), ceil,

@@ -97,17 +97,19 @@ def _recurrent_step_kernel(conv_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_
 
 
 def recurrent_step(conv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states: torch.Tensor,
-                   slots: torch.Tensor, key_heads: int, tokens: int = 1, keep: torch.Tensor | None = None) -> torch.Tensor:
+                   slots: torch.Tensor, key_heads: int, tokens: int = 1, keep: torch.Tensor | None = None,
+                   value_block: int = 32, launch_options: dict | None = None) -> torch.Tensor:
     """conv [B * tokens, 2*Hk*Dk + Hv*Dv] (q | k | v after the conv, sequence-major rows), g/beta
     [B * tokens, Hv] float32, states [slots, Hv, Dk, Dv] float32 (advanced in place), slots [B];
     keep [slots, steps >= tokens, Hv, Dk, Dv]: gets the state after each token -> out [B * tokens, Hv, Dv]
-    in conv's dtype."""
+    in conv's dtype. A program takes `value_block` of a head's Dv columns (with all its Dk rows);
+    `launch_options`: Triton's (num_warps, ...), for tools/bench_kernels.py --gdn-sweep."""
     rows = conv.shape[0]
     _, hv, dk, dv = states.shape
     out = torch.empty(rows, hv, dv, dtype=conv.dtype, device=conv.device)
-    bv = min(32, dv)
+    bv = min(value_block, dv)
     _recurrent_step_kernel[(rows // tokens, hv, dv // bv)](
         conv.contiguous(), g.float().contiguous(), beta.float().contiguous(), states, slots, out,
         keep if keep is not None else states, conv.shape[1], tokens, keep.shape[1] if keep is not None else 0,
-        key_heads, hv, dk**-0.5, DK=dk, DV=dv, BV=bv, KEEP=keep is not None)
+        key_heads, hv, dk**-0.5, DK=dk, DV=dv, BV=bv, KEEP=keep is not None, **(launch_options or {}))
     return out

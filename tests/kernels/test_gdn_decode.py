@@ -33,8 +33,9 @@ def _torch_step(x, windows, weight, states, slots, g, beta):
     return conv, out, padded[:, 1:], new
 
 
-@pytest.mark.parametrize("slots", [[2], [4, 0, 2]])
-def test_step_in_place_matches_torch(slots):
+@pytest.mark.parametrize("slots,value_block", [([2], 32), ([4, 0, 2], 32), ([4, 0, 2], 16), ([2], 128)])
+def test_step_in_place_matches_torch(slots, value_block):
+    """value_block: a program's Dv columns (bench_kernels --gdn-sweep tries others than the default 32)."""
     gen = torch.Generator().manual_seed(len(slots))
     c, n = 2 * HK * D + HV * D, 6
     x = torch.randn(len(slots), c, generator=gen).to(DEVICE, DTYPE)
@@ -48,7 +49,7 @@ def test_step_in_place_matches_torch(slots):
     windows_before, states_before = windows.clone(), states.clone()
 
     conv = gdn_decode.conv_step(x, windows, weight, index)
-    out = gdn_decode.recurrent_step(conv, g, beta, states, index, HK)
+    out = gdn_decode.recurrent_step(conv, g, beta, states, index, HK, value_block=value_block)
 
     assert _rel(conv, conv_want) < 4e-3  # one rounding of a float32 sum (order may differ)
     assert torch.equal(windows[index], windows_want)  # a shift by one row: exact
