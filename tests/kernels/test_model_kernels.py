@@ -32,7 +32,7 @@ def test_paged_kernel_attention_in_the_model(tiny_model, model_id):
         steps = [model.forward(tokens[i : i + 1], state)[1] for i in range(100, 107)]  # decode
         outs[kernel] = torch.cat([prefill, *steps])
     err = float((outs[True] - outs[False]).abs().max() / outs[False].abs().max())
-    assert err < 1e-4, err
+    assert err < 2e-3, err  # the paged kernel's dots take fp16 operands, even from this float32 model
 
 
 @pytest.mark.parametrize("profile", ["nvfp4", "int4", "int4-asym", "int8"])
