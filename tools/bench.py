@@ -11,7 +11,8 @@ kernels read either the same way). Everything then runs through the real engine 
 chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - prefill: TTFT of one 8K / 32K / 100K-token prompt; tok/s and model FLOP/s vs the bf16 ceiling; then
     (--turn N, default 2048) an agent's next turn after the longest: N new tokens on its reused prefix;
-  - decode: aggregate tok/s at C = 1, 2, 4, 8 vs the weight-bandwidth roofline (bytes every token reads);
+  - decode: aggregate tok/s at C = 1, 2, 4, 8 vs the weight-bandwidth roofline (bytes every token reads),
+    and at C = 1 after 32K- and 100K-token prompts (--decode-context), the KV read added to the roofline;
   - MTP (--draft-tokens 3): at the real acceptance (random weights: near 0) at C = 1, and at a forced
     one (successive verifies accept 3, 0, 2, 1 drafts: 50%) at every C;
   - torch.profiler tables of 8 decode steps at C = 1 and at the largest C (decode_profile*.txt): where
@@ -422,11 +423,11 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
         print(f"[{profile}] decode C={c}: {row['tok_s']:.1f} tok/s{_step_split(row)}", flush=True)
     if not first:
         return
-    if args.decode_context:  # decode after a long prompt: the KV read joins the weights'
-        row = decode(model, 1, args.new_tokens, args.decode_context)
+    for context in args.decode_context:  # decode after a long prompt: the KV read joins the weights'
+        row = decode(model, 1, args.new_tokens, context)
         p["decode"].append(row)
         save()
-        print(f"[{profile}] decode C=1 at {args.decode_context} tokens: {row['tok_s']:.1f} tok/s", flush=True)
+        print(f"[{profile}] decode C=1 at {context} tokens: {row['tok_s']:.1f} tok/s", flush=True)
     if model.has_mtp and not args.no_mtp:
         decode(model, 1, 8, 128, draft_tokens=3)  # warm-up: verify (M = 4) and head kernels compile here
         # the real acceptance (random weights: ~0) at C = 1; the forced one at every concurrency
@@ -474,8 +475,8 @@ def main() -> None:
                              "reused prefix, as an agent's (0: none)")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--new-tokens", type=int, default=48, help="timed tokens per sequence")
-    parser.add_argument("--decode-context", type=int, default=32768, metavar="TOKENS",
-                        help="also decode C = 1 after a prompt this long (0: no)")
+    parser.add_argument("--decode-context", nargs="*", type=int, default=[32768, 100_000], metavar="TOKENS",
+                        help="also decode C = 1 after prompts this long (none: no)")
     parser.add_argument("--profile-prefill", type=int, default=0, metavar="TOKENS",
                         help="also profile one prefill of this many tokens (prefill_profile.txt)")
     parser.add_argument("--no-decode", action="store_true", help="prefill figures only (no decode, MTP, profiles)")
@@ -498,7 +499,7 @@ def main() -> None:
     if not gpu:
         args.prefill, args.chunk, args.concurrency, args.new_tokens = [64], 32, [1, 2], 4
         args.turn = min(args.turn, 40)
-        args.decode_context = min(args.decode_context, 600)
+        args.decode_context = [min(n, 600) for n in args.decode_context[:1]]
     if gpu and not gated_delta.available(torch.device(device)):
         raise SystemExit("fla-core is missing: the Gated DeltaNet reference loop would take hours at these lengths")
     results: dict = {"model": model_id, "chunk": args.chunk, "profiles": {}}
