@@ -38,7 +38,7 @@ if SMOKE and not torch.cuda.is_available():
 import triton  # noqa: E402
 
 from ninfer_pack.quant import quantize_int, quantize_nvfp4  # noqa: E402
-from ninfer_run.kernels import cuda_ops, gated_delta, int_linear, nvfp4_linear  # noqa: E402
+from ninfer_run.kernels import cuda_ops, gated_delta, int_linear, kv_read, nvfp4_linear  # noqa: E402
 from ninfer_run.kernels.paged_attention import (  # noqa: E402
     TARGET_PROGRAMS,
     _partitions,
@@ -259,6 +259,10 @@ def prefill_attention(device: str, dtype, heads, cases, ceil: dict, time_it: boo
             row["of_flop_ceiling"] = row["TFLOP_s"] / ceil["bf16_TFLOP_s"]
             blocks_list = table[0].tolist()  # what the engine runs for chunks > 64 rows: decode KV once + flash
             row["dense_ms"] = _bench(lambda: dense_prefill(q[0], pool, 0, blocks_list, ctx))
+            # its K/V decode alone, one head: kv_read's kernel (stop 31) and the pool's torch form before it
+            row["read_head_ms"] = _bench(lambda: kv_read.read_head(pool, 0, table[0], ctx, 0, dtype))
+            row["read_head_torch_ms"] = _bench(lambda: pool.read_head(0, blocks_list, ctx, 0, dtype))
+            row["read_head_GB_s"] = ctx * dim * 2 * (1 + 2 / 64 + 2) / row["read_head_ms"] / 1e6
             row["dense_TFLOP_s"] = flops / row["dense_ms"] / 1e9
             if t == ctx:
                 kd = torch.randn(1, hq, ctx, dim, device=device, dtype=torch.bfloat16)
@@ -623,6 +627,8 @@ def table(results: dict) -> str:
         if "ms" in r:
             err += f" paged kernel {r['ms']:.1f} ms, {r['TFLOP_s']:.0f} TFLOP/s = {r['of_flop_ceiling']:.0%} of ceiling"
             err += f"; dense (KV decode + flash) {r['dense_ms']:.1f} ms, {r['dense_TFLOP_s']:.0f} TFLOP/s"
+            err += (f"; a head's KV decode {r['read_head_ms']:.2f} ms ({r['read_head_GB_s']:.0f} GB/s; torch "
+                    f"{r['read_head_torch_ms']:.2f})")
             err += f", {r['vs_peer']:.2f}x SDPA" if "vs_peer" in r else ""
         lines.append(f"prefill attention T={r['tokens']} at ctx={r['context']}{err}")
     for r in results.get("gdn", []):

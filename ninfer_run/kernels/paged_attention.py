@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ..kv.pool import BlockPool
 from ..layers import causal_attention
+from . import kv_read
 from .norms import _round
 
 _NEG = tl.constexpr(-1.0e30)  # a global a jitted function reads must be constexpr
@@ -36,9 +37,9 @@ def reference(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[list[in
 def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int], length: int) -> torch.Tensor:
     """A long prefill chunk q [T, Hq, D] at the end of a `length`-token sequence -> [T, Hq, D] in q's dtype.
 
-    Compute-bound, so each KV head's keys and values are decoded to q's dtype once (a few ms at 100K
-    tokens) and flash attention runs on them through SDPA, for that head's group of query heads, with
-    a bottom-right causal mask (query i sits at length - T + i). One head at a time bounds the
+    Compute-bound, so each KV head's keys and values are decoded to q's dtype once (kv_read's kernel on
+    an INT8 pool) and flash attention runs on them through SDPA, for that head's group of query heads,
+    with a bottom-right causal mask (query i sits at length - T + i). One head at a time bounds the
     transient memory to one head's K/V (268 MB at 262K tokens for the 27B; memory.py plans it). The
     paged kernel's per-block dequantization made the same work ~20 TFLOP/s on the H200
     (tools/bench_kernels.py); decode and verify (few rows) keep the kernel."""
@@ -49,8 +50,13 @@ def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int
     group = hq // hkv
     mask = causal_lower_right(t, length)
     out = torch.empty_like(q)
+    table = torch.tensor(blocks, dtype=torch.int32)
+    table = table.pin_memory().to(q.device, non_blocking=True) if q.is_cuda else table.to(q.device)
     for h in range(hkv):
-        k, v = pool.read_head(layer, blocks, length, h, q.dtype)
+        if pool.layout.dtype == "int8":
+            k, v = kv_read.read_head(pool, layer, table, length, h, q.dtype)
+        else:
+            k, v = pool.read_head(layer, blocks, length, h, q.dtype)
         qh = q[:, h * group : (h + 1) * group].transpose(0, 1)[None]  # [1, G, T, D]
         o = torch.nn.functional.scaled_dot_product_attention(qh, k[None, None], v[None, None], attn_mask=mask,
                                                              enable_gqa=True)
