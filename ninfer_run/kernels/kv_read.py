@@ -21,6 +21,14 @@ TOKENS = 32  # positions a program decodes: 8K values of K and V each at the 27B
 
 
 @triton.jit
+def pool_row(layer, num_blocks, block, offset, head, HKV: tl.constexpr, BS: tl.constexpr):
+    """The row (of D values) of `head` at `offset` in `block` of `layer` in the pool's [layers, blocks,
+    BS, HKV, D] tensors. int64: a pool past 2^31 values (the 27B's 16 layers from 131,072 tokens) wraps
+    32-bit offsets."""
+    return ((layer * num_blocks + block).to(tl.int64) * BS + offset) * HKV + head
+
+
+@triton.jit
 def _decode_rows(x_ptr, s_ptr, out_ptr, slot, pos, live, D: tl.constexpr):
     """Rows `slot` of one pool tensor [.., D] int8 and its scales [.., D // 64] -> out rows `pos`."""
     groups = tl.arange(0, D // 64)[None, :, None]
@@ -38,8 +46,7 @@ def _read_head_kernel(table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, k_out, v_out, lay
     pos = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
     live = pos < length
     block = tl.load(table_ptr + pos // BS, mask=live, other=0)
-    # int64: a pool past 2^31 values (the 27B's 16 layers from 131,072 tokens) wraps 32-bit offsets
-    slot = ((layer * num_blocks + block).to(tl.int64) * BS + pos % BS) * HKV + head
+    slot = pool_row(layer, num_blocks, block, pos % BS, head, HKV, BS)
     _decode_rows(k_ptr, ks_ptr, k_out, slot, pos, live, D)
     _decode_rows(v_ptr, vs_ptr, v_out, slot, pos, live, D)
 

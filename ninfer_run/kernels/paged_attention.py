@@ -12,6 +12,8 @@ partial softmaxes. `reference` decodes the pool with kv/ (pure torch) and runs l
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -50,13 +52,13 @@ def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int
     group = hq // hkv
     mask = causal_lower_right(t, length)
     out = torch.empty_like(q)
-    table = torch.tensor(blocks, dtype=torch.int32)
-    table = table.pin_memory().to(q.device, non_blocking=True) if q.is_cuda else table.to(q.device)
+    if pool.layout.dtype == "int8":
+        table = pool.device_table(blocks, torch.int32)
+        read_head = functools.partial(kv_read.read_head, pool, layer, table, length)
+    else:
+        read_head = functools.partial(pool.read_head, layer, blocks, length)
     for h in range(hkv):
-        if pool.layout.dtype == "int8":
-            k, v = kv_read.read_head(pool, layer, table, length, h, q.dtype)
-        else:
-            k, v = pool.read_head(layer, blocks, length, h, q.dtype)
+        k, v = read_head(h, q.dtype)
         qh = q[:, h * group : (h + 1) * group].transpose(0, 1)[None]  # [1, G, T, D]
         o = torch.nn.functional.scaled_dot_product_attention(qh, k[None, None], v[None, None], attn_mask=mask,
                                                              enable_gqa=True)
@@ -108,8 +110,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
         pos_k = index * BS + t
         live = pos_k < seq_len
         block = tl.load(table_ptr + b * max_blocks + index, mask=index < max_blocks, other=0)
-        # int64: a pool past 2^31 values (the 27B's 16 layers from 131,072 tokens) wraps 32-bit offsets
-        slot = ((layer * num_blocks + block).to(tl.int64) * BS + t) * HKV + h
+        slot = kv_read.pool_row(layer, num_blocks, block, t, h, HKV, BS)
         k = _dequant(k_ptr, ks_ptr, slot, live, BS, D)
         v = _dequant(v_ptr, vs_ptr, slot, live, BS, D)
         s = tl.dot(q, tl.trans(k)) * sm_scale

@@ -87,15 +87,17 @@ class BlockPool:
         for t in (self.k, self.v, *((self.k_scale, self.v_scale) if self.layout.dtype == "int8" else ())):
             t[:, dst] = t[:, src]
 
+    def device_table(self, blocks: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        """A block table on the pool's device, copied from pinned memory without waiting: a prefill
+        chunk's layers then queue their KV writes and reads without a host sync each."""
+        table = torch.tensor(blocks, dtype=dtype)
+        return table.pin_memory().to(self.k.device, non_blocking=True) if self.k.is_cuda else table
+
     def _slots(self, blocks: list[int], start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(block, offset) of positions start..start+count-1, on the pool's device. Only the block table
-        crosses from the host, pinned and without waiting: a prefill chunk's layers then queue their KV
-        writes and reads without a host sync each."""
-        device = self.k.device
-        table = torch.tensor(blocks, dtype=torch.long)
-        if device.type == "cuda":
-            table = table.pin_memory().to(device, non_blocking=True)
-        pos = torch.arange(start, start + count, device=device)
+        """(block, offset) of positions start..start+count-1, on the pool's device; only the block table
+        crosses from the host (device_table)."""
+        table = self.device_table(blocks)
+        pos = torch.arange(start, start + count, device=self.k.device)
         bs = self.layout.block_size
         return table[pos // bs], pos % bs
 
