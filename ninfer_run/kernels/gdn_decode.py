@@ -96,20 +96,30 @@ def _recurrent_step_kernel(conv_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_
     tl.store(s_ptrs, s)
 
 
+# A program's Dv columns and warps by the batch's sequences. Stop 33's sweep (H100, 27B heads, 48 layers
+# in a graph, tools/results/bench_gdn_sweep_stop33_h100.json): one sequence 4.25 us a layer with 16
+# columns on one warp against 5.65 with 32 on four (the state read at 49% against 37% of copy); eight
+# sequences 21.1-21.9 us with 32-64 columns on 2-4 warps, 24.8 with 16 on one. 2-7 were not measured.
+SMALL_BATCH, SMALL_BATCH_LAUNCH, LAUNCH = 2, (16, {"num_warps": 1}), (32, {"num_warps": 4})
+
+
 def recurrent_step(conv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states: torch.Tensor,
                    slots: torch.Tensor, key_heads: int, tokens: int = 1, keep: torch.Tensor | None = None,
-                   value_block: int = 32, launch_options: dict | None = None) -> torch.Tensor:
+                   value_block: int | None = None, launch_options: dict | None = None) -> torch.Tensor:
     """conv [B * tokens, 2*Hk*Dk + Hv*Dv] (q | k | v after the conv, sequence-major rows), g/beta
     [B * tokens, Hv] float32, states [slots, Hv, Dk, Dv] float32 (advanced in place), slots [B];
     keep [slots, steps >= tokens, Hv, Dk, Dv]: gets the state after each token -> out [B * tokens, Hv, Dv]
     in conv's dtype. A program takes `value_block` of a head's Dv columns (with all its Dk rows);
-    `launch_options`: Triton's (num_warps, ...), for tools/bench_kernels.py --gdn-sweep."""
+    `launch_options`: Triton's (num_warps, ...). Both default to the batch's (SMALL_BATCH_LAUNCH or
+    LAUNCH); tools/bench_kernels.py --gdn-sweep tries the others."""
     rows = conv.shape[0]
     _, hv, dk, dv = states.shape
     out = torch.empty(rows, hv, dv, dtype=conv.dtype, device=conv.device)
-    bv = min(value_block, dv)
+    default_block, default_options = SMALL_BATCH_LAUNCH if rows // tokens <= SMALL_BATCH else LAUNCH
+    bv = min(value_block or default_block, dv)
+    launch_options = default_options if launch_options is None else launch_options
     _recurrent_step_kernel[(rows // tokens, hv, dv // bv)](
         conv.contiguous(), g.float().contiguous(), beta.float().contiguous(), states, slots, out,
         keep if keep is not None else states, conv.shape[1], tokens, keep.shape[1] if keep is not None else 0,
-        key_heads, hv, dk**-0.5, DK=dk, DV=dv, BV=bv, KEEP=keep is not None, **(launch_options or {}))
+        key_heads, hv, dk**-0.5, DK=dk, DV=dv, BV=bv, KEEP=keep is not None, **launch_options)
     return out

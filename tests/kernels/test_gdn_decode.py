@@ -33,9 +33,11 @@ def _torch_step(x, windows, weight, states, slots, g, beta):
     return conv, out, padded[:, 1:], new
 
 
-@pytest.mark.parametrize("slots,value_block", [([2], 32), ([4, 0, 2], 32), ([4, 0, 2], 16), ([2], 128)])
-def test_step_in_place_matches_torch(slots, value_block):
-    """value_block: a program's Dv columns (bench_kernels --gdn-sweep tries others than the default 32)."""
+@pytest.mark.parametrize("slots,value_block,warps", [([2], None, None), ([4, 0, 2], None, None), ([2], 32, 4),
+                                                     ([4, 0, 2], 16, 1), ([2], 128, 8)])
+def test_step_in_place_matches_torch(slots, value_block, warps):
+    """value_block, warps: a program's Dv columns and Triton warps (None: the batch's defaults, 16 x 1
+    for one sequence and 32 x 4 for three; bench_kernels --gdn-sweep tries the others)."""
     gen = torch.Generator().manual_seed(len(slots))
     c, n = 2 * HK * D + HV * D, 6
     x = torch.randn(len(slots), c, generator=gen).to(DEVICE, DTYPE)
@@ -49,7 +51,8 @@ def test_step_in_place_matches_torch(slots, value_block):
     windows_before, states_before = windows.clone(), states.clone()
 
     conv = gdn_decode.conv_step(x, windows, weight, index)
-    out = gdn_decode.recurrent_step(conv, g, beta, states, index, HK, value_block=value_block)
+    out = gdn_decode.recurrent_step(conv, g, beta, states, index, HK, value_block=value_block,
+                                    launch_options=None if warps is None else {"num_warps": warps})
 
     assert _rel(conv, conv_want) < 4e-3  # one rounding of a float32 sum (order may differ)
     assert torch.equal(windows[index], windows_want)  # a shift by one row: exact
