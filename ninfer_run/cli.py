@@ -216,7 +216,8 @@ def serve(
         from .warmup import warm_up as run_warm_up
 
         done = run_warm_up(engine, loaded.model.cfg.vocab_size)
-        typer.echo(f"warm-up: {done.prompt_tokens}-token prompt and {done.new_tokens} tokens in {done.seconds:.1f} s"
+        typer.echo(f"warm-up: {done.prompt_tokens}-token prompt and {done.new_tokens} tokens, then a next turn of "
+                   f"{done.turn_tokens} new tokens on {done.turn_cached_tokens} reused, in {done.seconds:.1f} s"
                    if done else "warm-up: skipped (no room in the context)", err=True)
     vocab = chat.tokenizer.get_vocab()
     eos = [t for t in (chat.special_tokens.get("eos_token"), "<|im_end|>", "<|endoftext|>") if t in vocab]

@@ -6,7 +6,10 @@ chunk that attends to earlier KV and of a ragged last chunk (their shapes specia
 l2norm kernel autotunes 25 configurations for each bucket of cdiv(tokens x heads, 65536), and a short last
 chunk falls in a bucket no full chunk reaches), and the engine captures one sequence's decode (and
 speculative) graphs. On a fresh H200 the first 100K prompt of the 27B took 27.4 s with those l2norm
-compiles in it against 16.8 s after this warm-up (tools/results/gpu_notes.md, stop 19). Triton keeps its
+compiles in it against 16.8 s after this warm-up (tools/results/gpu_notes.md, stop 19). Then an agent's
+next turn: the same prompt and reply reused from the prefix cache and RAGGED_TURN new tokens, a ragged
+chunk that attends to earlier KV through the dense path (the bench's first such turn after the old
+warm-up: 3.3-4.2 s for 2,049 new tokens that compute in well under 1 s, stops 32-33). Triton keeps its
 compiled kernels on disk, so a restart pays much less.
 """
 
@@ -15,11 +18,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .engine import Engine, Request
+from .engine import Engine, Request, Result
 from .kv.prefix import PrefixStats
 from .spec import SpecStats
 
 RAGGED_TAIL = 17  # tokens of the last prefill chunk (chunks are longer): not a multiple of 16, as most prompts end
+# the next turn's new tokens: more than state.DENSE_PREFILL_ROWS (the dense path) and, like RAGGED_TAIL,
+# not a multiple of 16
+RAGGED_TURN = 2 * 64 + 17
 
 
 @dataclass(frozen=True)
@@ -27,13 +33,16 @@ class WarmUp:
     prompt_tokens: int
     new_tokens: int
     seconds: float
+    turn_tokens: int = 0  # the next turn's prompt tokens not reused (0: no room for a next turn)
+    turn_cached_tokens: int = 0
 
 
 def warm_up(engine: Engine, vocab_size: int) -> WarmUp | None:
     """Run two full prefill chunks, a ragged third and a few decode steps through an idle engine, then
-    leave no trace: no prefix-cache frontier (its blocks go back to the pool), zeroed prefix-cache and
-    speculation statistics (what /metrics reports). A context too small for that takes a shorter prompt;
-    None where it has no room for one."""
+    the next turn on that prefix (where the context has room), then leave no trace: no prefix-cache
+    frontier (its blocks go back to the pool), zeroed prefix-cache and speculation statistics (what
+    /metrics reports). A context too small for that takes a shorter prompt; None where it has no room
+    for one."""
     if engine.running or engine.waiting:
         raise RuntimeError("warm_up needs an idle engine (it clears the prefix cache)")
     config = engine.config
@@ -44,10 +53,20 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmUp | None:
         return None
     prompt = [(7919 * i + 13) % vocab_size for i in range(prompt_tokens)]  # any tokens do: kernels, not text
     start = time.perf_counter()
-    result = engine.submit(Request(prompt, max_tokens=new_tokens, id="warm-up"))
-    engine.run_until_done()
-    if result.error is not None:
-        raise RuntimeError(f"warm-up request failed: {result.error}")
+    result = _run(engine, Request(prompt, max_tokens=new_tokens, id="warm-up"))
+    follow = prompt + result.tokens + [(7907 * i + 29) % vocab_size for i in range(RAGGED_TURN)]
+    turn = None
+    if len(follow) < config.max_context:
+        turn = _run(engine, Request(follow, max_tokens=1, id="warm-up turn"))
     engine.cache.clear()
     engine.cache.stats, engine.spec_stats = PrefixStats(), SpecStats()
-    return WarmUp(prompt_tokens, len(result.tokens), time.perf_counter() - start)
+    return WarmUp(prompt_tokens, len(result.tokens), time.perf_counter() - start,
+                  len(follow) - turn.cached_tokens if turn else 0, turn.cached_tokens if turn else 0)
+
+
+def _run(engine: Engine, request: Request) -> Result:
+    result = engine.submit(request)
+    engine.run_until_done()
+    if result.error is not None:
+        raise RuntimeError(f"{request.id} request failed: {result.error}")
+    return result

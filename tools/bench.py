@@ -10,7 +10,8 @@ NVFP4 global scales are per tensor here (the packer shares one across fused q/k/
 kernels read either the same way). Everything then runs through the real engine (paged INT8 KV,
 chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
   - prefill: TTFT of one 8K / 32K / 100K-token prompt; tok/s and model FLOP/s vs the bf16 ceiling; then
-    (--turn N, default 2048) an agent's next turn after the longest: N new tokens on its reused prefix;
+    (--turn N, default 2048) an agent's next turn after the longest, N new tokens on its reused prefix, and
+    the turn after (the first pays what the warm-up did not compile: the compile count says what);
   - decode: aggregate tok/s at C = 1, 2, 4, 8 vs the weight-bandwidth roofline (bytes every token reads),
     and at C = 1 after 32K- and 100K-token prompts (--decode-context), the KV read added to the roofline;
   - MTP (--draft-tokens 3): at the real acceptance (random weights: near 0) at C = 1, and at a forced
@@ -147,7 +148,7 @@ def _triton_kernels_cached() -> dict[str, str]:
 def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None = None, turn: int = 0) -> dict:
     """TTFT of one `tokens`-token prompt; with `turn`, then of an agent's next turn in the same engine: the
     prompt, its reply token and `turn` new tokens, the prompt's prefix reused (cached_tokens says how much)."""
-    engine = build_engine(model, EngineConfig(max_context=tokens + turn + 64, prefill_chunk=chunk, max_frontiers=1))
+    engine = build_engine(model, EngineConfig(max_context=tokens + 2 * turn + 64, prefill_chunk=chunk, max_frontiers=1))
     prompt = _prompt(tokens, model.cfg.vocab_size, seed)
     result = engine.submit(Request(prompt, max_tokens=1, params=GREEDY))
     cached = _triton_kernels_cached()
@@ -155,13 +156,16 @@ def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None =
     _sync()
     ttft = result.first_token - result.admitted
     row = {"tokens": tokens, "chunk": chunk, "ttft_s": ttft, "tok_s": tokens / ttft, **_compiled_since(cached)}
-    if turn:
-        follow = prompt + result.tokens + _prompt(turn, model.cfg.vocab_size, seed + 1)
-        second = engine.submit(Request(follow, max_tokens=1, params=GREEDY))
+    for n in range(2 if turn else 0):  # the next turn, then another: what the first compiles shows as the gap
+        follow = prompt + result.tokens + _prompt(turn, model.cfg.vocab_size, seed + 1 + n)
+        cached = _triton_kernels_cached()
+        result = engine.submit(Request(follow, max_tokens=1, params=GREEDY))
         engine.run_until_done()
         _sync()
-        row["turn"] = {"new_tokens": len(follow) - second.cached_tokens, "cached_tokens": second.cached_tokens,
-                       "ttft_s": second.first_token - second.admitted}
+        row["turn_again" if n else "turn"] = {"new_tokens": len(follow) - result.cached_tokens,
+                                              "cached_tokens": result.cached_tokens,
+                                              "ttft_s": result.first_token - result.admitted, **_compiled_since(cached)}
+        prompt = follow
     del engine
     gc.collect()
     return row
@@ -380,10 +384,11 @@ def table(r: dict) -> str:
                 "prefill_tokens") else ""
             lines.append(f"  prefill {row['tokens']:>6}: TTFT {row['ttft_s']:6.2f} s, {row['tok_s']:7.0f} tok/s, "
                          f"linears at {row['of_flop_ceiling']:.0%} of the FLOP ceiling{vs}")
-            if "turn" in row:
-                t = row["turn"]
-                lines.append(f"    its next turn: {t['new_tokens']} new tokens on {t['cached_tokens']:,} reused, "
-                             f"TTFT {t['ttft_s']:.3f} s")
+            for key, name in (("turn", "its next turn"), ("turn_again", "the turn after")):
+                if key in row:
+                    t = row[key]
+                    lines.append(f"    {name}: {t['new_tokens']} new tokens on {t['cached_tokens']:,} reused, "
+                                 f"TTFT {t['ttft_s']:.3f} s ({t['triton_compiled']} Triton kernels compiled)")
         for row in p.get("decode", []):
             mtp = f" MTP{row['draft_tokens']}{' forced' if row['forced'] else ''}" if row["draft_tokens"] else ""
             acc = f" accept {row['acceptance']:.0%}" if row["acceptance"] is not None else ""
@@ -529,7 +534,8 @@ def main() -> None:
         # what a served first prompt would still compile
         warm = server_warm_up(model, args.chunk)
         p["warm_up"] = warm
-        print(f"[{profile}] server warm-up ({warm['prompt_tokens']} tokens, {warm['new_tokens']} generated): "
+        print(f"[{profile}] server warm-up ({warm['prompt_tokens']} tokens, {warm['new_tokens']} generated, a next "
+              f"turn of {warm['turn_tokens']} new tokens): "
               f"{warm['seconds']:.2f} s, {warm['triton_compiled']} Triton kernels compiled", flush=True)
         for tokens in args.prefill if n == 0 else args.prefill[:1]:  # later profiles: the 8K point (device time)
             row = prefill(model, tokens, args.chunk, seed=tokens, turn=args.turn if tokens == max(args.prefill) else 0)

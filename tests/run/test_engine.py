@@ -253,9 +253,10 @@ def test_speculative_engine_keeps_per_token_states_only_in_verify(model, monkeyp
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_warm_up_runs_two_chunks_and_a_ragged_one_and_leaves_no_trace(model, graphs):
-    """The start-up request (ninfer_run/warmup.py): 2 chunks + 17 tokens and speculative steps, then an
-    engine indistinguishable from a fresh one: no frontier, every KV block free, statistics zeroed, and
-    the next request neither reuses anything nor decodes differently."""
+    """The start-up requests (ninfer_run/warmup.py): 2 chunks + 17 tokens and speculative steps, then the
+    next turn reusing that prefix with 145 new tokens, then an engine indistinguishable from a fresh one:
+    no frontier, every KV block free, statistics zeroed, and the next request neither reuses anything nor
+    decodes differently."""
     from ninfer_run.kv.prefix import PrefixStats
     from ninfer_run.spec import SpecStats
     from ninfer_run.warmup import warm_up
@@ -270,6 +271,9 @@ def test_warm_up_runs_two_chunks_and_a_ragged_one_and_leaves_no_trace(model, gra
         engine.model.forward = forward
     assert (done.prompt_tokens, done.new_tokens) == (2 * 32 + 17, 7)
     assert chunks[:3] == [32, 32, 17]  # the prefill chunks (then the decode and verify forwards)
+    # the next turn: prompt + reply reused up to the prefix cache's last full block, the rest prefilled
+    assert done.turn_cached_tokens > 2 * 32 and done.turn_tokens + done.turn_cached_tokens == 2 * 32 + 17 + 7 + 145
+    assert chunks[-5:] == [32, 32, 32, 32, done.turn_tokens - 4 * 32]
     assert not engine.cache.frontiers and engine.cache.pool.free_blocks == engine.cache.pool.num_blocks
     assert engine.mtp_pool.free_blocks == engine.mtp_pool.num_blocks
     assert engine.cache.stats == PrefixStats() and engine.spec_stats == SpecStats()
@@ -283,7 +287,8 @@ def test_warm_up_fits_the_context_or_is_skipped(model):
     from ninfer_run.warmup import warm_up
 
     engine = _engine(model, max_context=40, prefill_chunk=16)  # room for 40 - 3 - 1 = 36 prompt tokens
-    assert warm_up(engine, model.cfg.vocab_size).prompt_tokens == 36
+    done = warm_up(engine, model.cfg.vocab_size)
+    assert (done.prompt_tokens, done.turn_tokens) == (36, 0)  # and none for a next turn
     assert warm_up(_engine(model, max_context=4, prefill_chunk=16), model.cfg.vocab_size) is None
     busy = _engine(model, max_context=256)
     busy.submit(Request(_prompts(1)[0], max_tokens=4))

@@ -128,7 +128,7 @@ def test_serve_warms_up_before_it_listens(packed, monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda server, **kw: listened.append(kw["port"]))
     path = str(packed("tiny-qwen3.5", "nvfp4"))
     r = CliRunner().invoke(app, ["serve", path, "--warm-up", "--max-context", "4096", "--prefill-chunk", "64"])
-    assert r.exit_code == 0 and "warm-up: 145-token prompt and 3 tokens in" in r.output, r.output
+    assert r.exit_code == 0 and "warm-up: 145-token prompt and 3 tokens, then a next turn of 146 new tokens" in r.output, r.output
     assert listened == [18080]
     quiet = CliRunner().invoke(app, ["serve", path, "--max-context", "4096"])  # CPU: off by default
     assert quiet.exit_code == 0 and "warm-up" not in quiet.output
