@@ -97,9 +97,9 @@ def _recurrent_step_kernel(conv_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_
 
 
 # A program's Dv columns and warps by the batch's sequences. Stop 33's sweep (H100, 27B heads, 48 layers
-# in a graph, tools/results/bench_gdn_sweep_stop33_h100.json): one sequence 4.25 us a layer with 16
-# columns on one warp against 5.65 with 32 on four (the state read at 49% against 37% of copy); eight
-# sequences 21.1-21.9 us with 32-64 columns on 2-4 warps, 24.8 with 16 on one. 2-7 were not measured.
+# in a graph, tools/results/bench_gdn_sweep_stop33_c1248_h100.json), us a layer, 16 x 1 against 32 x 4:
+# C = 1 4.26 / 5.67, C = 2 6.37 / 7.51, C = 4 11.75 / 11.50 (best 32 x 1, 10.93), C = 8 24.82 / 21.89. In
+# the engine's C = 1 step (decode profiles) 4.57 -> 4.33 us: its state slab reads faster than the sweep's.
 SMALL_BATCH, SMALL_BATCH_LAUNCH, LAUNCH = 2, (16, {"num_warps": 1}), (32, {"num_warps": 4})
 
 
