@@ -56,7 +56,7 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmUp | None:
     result = _run(engine, Request(prompt, max_tokens=new_tokens, id="warm-up"))
     follow = prompt + result.tokens + [(7907 * i + 29) % vocab_size for i in range(RAGGED_TURN)]
     turn = None
-    if len(follow) < config.max_context:
+    if len(follow) + 1 + config.draft_tokens <= config.max_context:  # its first token (and a verify's room)
         turn = _run(engine, Request(follow, max_tokens=1, id="warm-up turn"))
     engine.cache.clear()
     engine.cache.stats, engine.spec_stats = PrefixStats(), SpecStats()

@@ -663,6 +663,8 @@ def _report(out: Path, name: str, key: str, rows: list[dict], ceil: dict, descri
     for r in rows:
         if "error" in r:  # a shape the sweep could not build or that computed something else
             print(f"{describe(r)} FAILED: {r['error']}")
+        elif "GB_s" not in r:  # checked, not timed (a CPU run)
+            print(f"{describe(r)} checked")
         else:
             print(f"{describe(r)} {r['GB_s']:6.0f} GB/s ({r['GB_s'] / ceil['copy_GB_s']:.0%} of copy)")
 
