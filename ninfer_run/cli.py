@@ -60,8 +60,9 @@ _MAX_FRONTIERS = typer.Option(32, "--max-frontiers", help="prefix-cache frontier
 _CUDA_GRAPHS = typer.Option(None, "--cuda-graphs/--no-cuda-graphs",
                             help="replay plain decode steps from CUDA graphs (default: on with a CUDA device)")
 _WARM_UP = typer.Option(None, "--warm-up/--no-warm-up",
-                        help="run a throwaway 2-chunk prompt before serving, so kernels compile and graphs are "
-                             "captured at start-up, not in the first request's TTFT (default: on with a CUDA device)")
+                        help="run a throwaway 2-chunk prompt and a next turn on its prefix before serving, so kernels "
+                             "compile and graphs are captured at start-up, not in the first requests' TTFT "
+                             "(default: on with a CUDA device)")
 
 
 def _default_chunk(prefill_chunk: int | None, device: str) -> int:
