@@ -82,12 +82,12 @@ def _random_weight(name: str, shape: tuple[int, ...], tensor_class: str, gen: to
     return noise.to(torch.bfloat16)
 
 
-def build_model(model_id: str, profile: str, device: str, dtype: torch.dtype):
+def build_model(model_id: str, profile: str, device: str, dtype: torch.dtype, lm_head: str | None = None):
     """(model, bytes of all its weights, bytes each decoded token reads: all but the embedding table
-    and the MTP head, entry, config)."""
+    and the MTP head, entry, config). lm_head: its scheme in place of the profile's (ninfer-pack --lm-head)."""
     entry = registry_entry(model_id)
     config = entry.expected_config()
-    classes = scheme_classes(entry, profile)
+    classes = scheme_classes(entry, profile, {"lm_head": lm_head} if lm_head else None)
     scratch = Scratch()
     gen = torch.Generator(device=device).manual_seed(0)
     weights, total_bytes, read_bytes = {}, 0, 0
@@ -495,6 +495,8 @@ def main() -> None:
                         help="also decode each concurrency with the MLP's NVFP4 GEMVs streamed this way (an A/B)")
     parser.add_argument("--ab-fused-glu", action="store_true",
                         help="also decode each concurrency with SwiGLU's SiLU-mul in gate and up's launch and not")
+    parser.add_argument("--lm-head", metavar="SCHEME",
+                        help="lm_head's scheme in place of the profile's bf16 (as ninfer-pack --lm-head), e.g. nvfp4")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.smoke
@@ -520,9 +522,9 @@ def main() -> None:
     ceil = results.get("ceilings", {"copy_GB_s": float("nan"), "bf16_TFLOP_s": float("nan")})
     for n, profile in enumerate(args.profiles):
         t0 = time.perf_counter()
-        model, weights, read_bytes, entry, config = build_model(model_id, profile, device, dtype)
-        p = results["profiles"][profile] = {
-            "build_s": time.perf_counter() - t0, "weights_GiB": weights / 2**30, "read_GiB": read_bytes / 2**30,
+        model, weights, read_bytes, entry, config = build_model(model_id, profile, device, dtype, args.lm_head)
+        p = results["profiles"][profile + (f" lm_head={args.lm_head}" if args.lm_head else "")] = {
+            "build_s": time.perf_counter() - t0, "lm_head": args.lm_head or "profile's", "weights_GiB": weights / 2**30, "read_GiB": read_bytes / 2**30,
             "roofline_tok_s": ceil["copy_GB_s"] * 1e9 / read_bytes, "gemv_pipeline": cuda_ops.PIPELINE,
             "fused_norm": cuda_ops.FUSED_NORM, "fused_glu": cuda_ops.FUSED_GLU,
             "mlp_pipeline": cuda_ops.MLP_PIPELINE,
