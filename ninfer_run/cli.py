@@ -60,9 +60,9 @@ _MAX_FRONTIERS = typer.Option(32, "--max-frontiers", help="prefix-cache frontier
 _CUDA_GRAPHS = typer.Option(None, "--cuda-graphs/--no-cuda-graphs",
                             help="replay plain decode steps from CUDA graphs (default: on with a CUDA device)")
 _WARM_UP = typer.Option(None, "--warm-up/--no-warm-up",
-                        help="run a throwaway 2-chunk prompt and a next turn on its prefix before serving, so kernels "
-                             "compile and graphs are captured at start-up, not in the first requests' TTFT "
-                             "(default: on with a CUDA device)")
+                        help="run a throwaway 2-chunk prompt, a next turn on its prefix and (with --max-concurrency C) C "
+                             "requests together before serving, so kernels compile and graphs are captured at "
+                             "start-up, not in the first requests (default: on with a CUDA device)")
 
 
 def _default_chunk(prefill_chunk: int | None, device: str) -> int:
@@ -218,8 +218,9 @@ def serve(
 
         done = run_warm_up(engine, loaded.model.cfg.vocab_size)
         typer.echo(f"warm-up: {done.prompt_tokens}-token prompt and {done.new_tokens} tokens, then a next turn of "
-                   f"{done.turn_tokens} new tokens on {done.turn_cached_tokens} reused, in {done.seconds:.1f} s"
-                   if done else "warm-up: skipped (no room in the context)", err=True)
+                   f"{done.turn_tokens} new tokens on {done.turn_cached_tokens} reused"
+                   + (f", then {done.batched} requests decoded together" if done.batched else "")
+                   + f", in {done.seconds:.1f} s" if done else "warm-up: skipped (no room in the context)", err=True)
     vocab = chat.tokenizer.get_vocab()
     eos = [t for t in (chat.special_tokens.get("eos_token"), "<|im_end|>", "<|endoftext|>") if t in vocab]
     stop_ids = tuple(dict.fromkeys(vocab[t] for t in eos))

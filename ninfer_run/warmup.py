@@ -9,8 +9,10 @@ speculative) graphs. On a fresh H200 the first 100K prompt of the 27B took 27.4 
 compiles in it against 16.8 s after this warm-up (tools/results/gpu_notes.md, stop 19). Then an agent's
 next turn: the same prompt and reply reused from the prefix cache and RAGGED_TURN new tokens, a ragged
 chunk that attends to earlier KV through the dense path (the bench's first such turn after the old
-warm-up: 3.3-4.2 s for 2,049 new tokens that compute in well under 1 s, stops 32-33). Triton keeps its
-compiled kernels on disk, so a restart pays much less.
+warm-up: 3.3-4.2 s for 2,049 new tokens that compute in well under 1 s, stops 32-33). Last, with
+--max-concurrency C > 1, C short requests at once that finish one step apart, so the decode steps of
+C, C - 1, .. 1 sequences are captured (and their kernels compiled) here rather than in the first step
+that batches that many. Triton keeps its compiled kernels on disk, so a restart pays much less.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class WarmUp:
     seconds: float
     turn_tokens: int = 0  # the next turn's prompt tokens not reused (0: no room for a next turn)
     turn_cached_tokens: int = 0
+    batched: int = 0  # the most sequences decoded together (0: --max-concurrency 1)
 
 
 def warm_up(engine: Engine, vocab_size: int) -> WarmUp | None:
@@ -58,10 +61,29 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmUp | None:
     turn = None
     if len(follow) + 1 + config.draft_tokens <= config.max_context:  # its first token (and a verify's room)
         turn = _run(engine, Request(follow, max_tokens=1, id="warm-up turn"))
+    batched = _batched(engine, vocab_size)
     engine.cache.clear()
     engine.cache.stats, engine.spec_stats = PrefixStats(), SpecStats()
     return WarmUp(prompt_tokens, len(result.tokens), time.perf_counter() - start,
-                  len(follow) - turn.cached_tokens if turn else 0, turn.cached_tokens if turn else 0)
+                  len(follow) - turn.cached_tokens if turn else 0, turn.cached_tokens if turn else 0, batched)
+
+
+def _batched(engine: Engine, vocab_size: int) -> int:
+    """max_concurrency requests of RAGGED_TAIL tokens together, request i stopping after i + 2 new
+    tokens, so every batch size from max_concurrency down to 1 decodes at least one step -> the most
+    decoded together (0 where there is no room or no concurrency)."""
+    config = engine.config
+    n = config.max_concurrency
+    if n < 2 or RAGGED_TAIL + n + 1 + config.draft_tokens > config.max_context:
+        return 0
+    requests = [Request([(7901 * (i + 1) * j + 31) % vocab_size for j in range(RAGGED_TAIL)], max_tokens=i + 2,
+                        id=f"warm-up batch {i}") for i in range(n)]
+    results = [engine.submit(r) for r in requests]
+    engine.run_until_done()
+    failed = next((r.error for r in results if r.error is not None), None)
+    if failed is not None:
+        raise RuntimeError(f"warm-up batch request failed: {failed}")
+    return n
 
 
 def _run(engine: Engine, request: Request) -> Result:

@@ -537,7 +537,7 @@ def main() -> None:
         warm = server_warm_up(model, args.chunk)
         p["warm_up"] = warm
         print(f"[{profile}] server warm-up ({warm['prompt_tokens']} tokens, {warm['new_tokens']} generated, a next "
-              f"turn of {warm['turn_tokens']} new tokens): "
+              f"turn of {warm['turn_tokens']} new tokens, {warm['batched']} together): "
               f"{warm['seconds']:.2f} s, {warm['triton_compiled']} Triton kernels compiled", flush=True)
         for tokens in args.prefill if n == 0 else args.prefill[:1]:  # later profiles: the 8K point (device time)
             row = prefill(model, tokens, args.chunk, seed=tokens, turn=args.turn if tokens == max(args.prefill) else 0)

@@ -283,6 +283,24 @@ def test_warm_up_runs_two_chunks_and_a_ragged_one_and_leaves_no_trace(model, gra
     assert result.cached_tokens == 0 and result.tokens == generate_greedy(model, torch.tensor(prompt), 6)
 
 
+def test_warm_up_decodes_every_batch_size_up_to_max_concurrency(model):
+    """With --max-concurrency 3 the warm-up ends with 3 short requests finishing a step apart, so the
+    graphed decode steps of 3, 2 and 1 sequences exist before the first request (captured on CUDA), and
+    the engine is left as fresh: every KV block and GDN slot free, no frontier."""
+    from ninfer_run.warmup import warm_up
+
+    engine = _engine(model, max_context=512, prefill_chunk=32, max_concurrency=3, cuda_graphs=True)
+    sizes = []
+    decode_rows = engine.graphs.decode_rows
+    engine.graphs.decode_rows = lambda tokens, states: (sizes.append(len(states)), decode_rows(tokens, states))[1]
+    done = warm_up(engine, model.cfg.vocab_size)
+    assert done.batched == 3 and sizes[-3:] == [3, 2, 1]
+    assert {(3, 1), (2, 1), (1, 1)} <= set(engine.graphs.buckets)
+    assert not engine.cache.frontiers and engine.cache.pool.free_blocks == engine.cache.pool.num_blocks
+    assert len(engine.graphs.free_slots) == 3 and not engine.running and not engine.waiting
+    assert warm_up(_engine(model, max_context=512, prefill_chunk=32), model.cfg.vocab_size).batched == 0
+
+
 def test_warm_up_fits_the_context_or_is_skipped(model):
     from ninfer_run.warmup import warm_up
 
