@@ -171,9 +171,11 @@ def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None =
     return row
 
 
-def server_warm_up(model, chunk: int) -> dict:
-    """ninfer_run.warmup on an engine of the server's defaults (graphs on CUDA) with this prefill chunk."""
-    engine = build_engine(model, EngineConfig(max_context=2 * chunk + 256, prefill_chunk=chunk, max_frontiers=1))
+def server_warm_up(model, chunk: int, concurrency: int) -> dict:
+    """ninfer_run.warmup on an engine of the server's defaults (graphs on CUDA) with this prefill chunk and
+    --max-concurrency (its batched requests: what a server of that concurrency spends at start-up)."""
+    engine = build_engine(model, EngineConfig(max_context=2 * chunk + 256, prefill_chunk=chunk, max_frontiers=1,
+                                              max_concurrency=concurrency))
     cached = _triton_kernels_cached()
     done = warm_up(engine, model.cfg.vocab_size)
     _sync()
@@ -534,7 +536,7 @@ def main() -> None:
         flops = model_flops_per_token(model)
         # warm-up: the server's own (ninfer-run serve --warm-up), so each timed prefill's compiles say
         # what a served first prompt would still compile
-        warm = server_warm_up(model, args.chunk)
+        warm = server_warm_up(model, args.chunk, max(args.concurrency))
         p["warm_up"] = warm
         print(f"[{profile}] server warm-up ({warm['prompt_tokens']} tokens, {warm['new_tokens']} generated, a next "
               f"turn of {warm['turn_tokens']} new tokens, {warm['batched']} together): "
