@@ -70,8 +70,9 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmUp | None:
 
 def _batched(engine: Engine, vocab_size: int) -> int:
     """max_concurrency requests of RAGGED_TAIL tokens together, request i stopping after i + 2 new
-    tokens, so every batch size from max_concurrency down to 1 decodes at least one step -> the most
-    decoded together (0 where there is no room or no concurrency)."""
+    tokens, so every batch size from max_concurrency down to 1 decodes at least one step (plain steps
+    give one token each; a speculative one, at most --spec-max-batch sequences, may give more and skip a
+    size) -> the most decoded together (0 where there is no room or no concurrency)."""
     config = engine.config
     n = config.max_concurrency
     if n < 2 or RAGGED_TAIL + n + 1 + config.draft_tokens > config.max_context:
