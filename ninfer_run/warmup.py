@@ -56,16 +56,16 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmUp | None:
         return None
     prompt = [(7919 * i + 13) % vocab_size for i in range(prompt_tokens)]  # any tokens do: kernels, not text
     start = time.perf_counter()
-    result = _run(engine, Request(prompt, max_tokens=new_tokens, id="warm-up"))
+    [result] = _run(engine, Request(prompt, max_tokens=new_tokens, id="warm-up"))
     follow = prompt + result.tokens + [(7907 * i + 29) % vocab_size for i in range(RAGGED_TURN)]
-    turn = None
+    turn_tokens = turn_cached = 0
     if len(follow) + 1 + config.draft_tokens <= config.max_context:  # its first token (and a verify's room)
-        turn = _run(engine, Request(follow, max_tokens=1, id="warm-up turn"))
+        [turn] = _run(engine, Request(follow, max_tokens=1, id="warm-up turn"))
+        turn_tokens, turn_cached = len(follow) - turn.cached_tokens, turn.cached_tokens
     batched = _batched(engine, vocab_size)
     engine.cache.clear()
     engine.cache.stats, engine.spec_stats = PrefixStats(), SpecStats()
-    return WarmUp(prompt_tokens, len(result.tokens), time.perf_counter() - start,
-                  len(follow) - turn.cached_tokens if turn else 0, turn.cached_tokens if turn else 0, batched)
+    return WarmUp(prompt_tokens, len(result.tokens), time.perf_counter() - start, turn_tokens, turn_cached, batched)
 
 
 def _batched(engine: Engine, vocab_size: int) -> int:
@@ -77,19 +77,16 @@ def _batched(engine: Engine, vocab_size: int) -> int:
     n = config.max_concurrency
     if n < 2 or RAGGED_TAIL + n + 1 + config.draft_tokens > config.max_context:
         return 0
-    requests = [Request([(7901 * (i + 1) * j + 31) % vocab_size for j in range(RAGGED_TAIL)], max_tokens=i + 2,
-                        id=f"warm-up batch {i}") for i in range(n)]
-    results = [engine.submit(r) for r in requests]
-    engine.run_until_done()
-    failed = next((r.error for r in results if r.error is not None), None)
-    if failed is not None:
-        raise RuntimeError(f"warm-up batch request failed: {failed}")
+    _run(engine, *(Request([(7901 * (i + 1) * j + 31) % vocab_size for j in range(RAGGED_TAIL)], max_tokens=i + 2,
+                           id=f"warm-up batch {i}") for i in range(n)))
     return n
 
 
-def _run(engine: Engine, request: Request) -> Result:
-    result = engine.submit(request)
+def _run(engine: Engine, *requests: Request) -> list[Result]:
+    """Submit the requests together, run the engine until all are done -> their results (an error raises)."""
+    results = [engine.submit(r) for r in requests]
     engine.run_until_done()
-    if result.error is not None:
-        raise RuntimeError(f"{request.id} request failed: {result.error}")
-    return result
+    for request, result in zip(requests, results):
+        if result.error is not None:
+            raise RuntimeError(f"{request.id} request failed: {result.error}")
+    return results
