@@ -84,7 +84,7 @@ class PagedKV:
             return dense_prefill(q, self.pool, self.layers[layer], self.blocks, end)
         table = torch.tensor([self.blocks], dtype=torch.int32, device=q.device)
         lens = torch.tensor([end], dtype=torch.int32, device=q.device)
-        return paged_attention(q[None], self.pool, self.layers[layer], table, lens)[0].to(q.dtype)
+        return paged_attention(q[None], self.pool, self.layers[layer], table, lens, one_shape=True)[0].to(q.dtype)
 
     def release(self) -> None:
         self.pool.release(self.blocks)

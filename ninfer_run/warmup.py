@@ -9,7 +9,9 @@ speculative) graphs. On a fresh H200 the first 100K prompt of the 27B took 27.4 
 compiles in it against 16.8 s after this warm-up (tools/results/gpu_notes.md, stop 19). Then an agent's
 next turn: the same prompt and reply reused from the prefix cache and RAGGED_TURN new tokens, a ragged
 chunk that attends to earlier KV through the dense path (the bench's first such turn after the old
-warm-up: 3.3-4.2 s for 2,049 new tokens that compute in well under 1 s, stops 32-33). Last, with
+warm-up: 3.3-4.2 s for 2,049 new tokens that compute in well under 1 s, stops 32-33), split as the
+server splits a chat turn at its generation prompt (a frontier there), so its last few tokens take the
+paged kernel as a short chunk. (The kernels do not specialise on lengths, so one turn stands for all.) Last, with
 --max-concurrency C > 1, C short requests at once that finish one step apart, so the decode steps of
 C, C - 1, .. 1 sequences are captured (and their kernels compiled) here rather than in the first step
 that batches that many. Triton keeps its compiled kernels on disk, so a restart pays much less.
@@ -28,6 +30,7 @@ RAGGED_TAIL = 17  # tokens of the last prefill chunk (chunks are longer): not a 
 # the next turn's new tokens: more than state.DENSE_PREFILL_ROWS (the dense path) and, like RAGGED_TAIL,
 # not a multiple of 16
 RAGGED_TURN = 2 * 64 + 17
+GENERATION_PROMPT = 3  # "<|im_start|>assistant\n": the short chunk after a chat turn's frontier (server/generation.py)
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ def warm_up(engine: Engine, vocab_size: int) -> WarmUp | None:
     follow = prompt + result.tokens + [(7907 * i + 29) % vocab_size for i in range(RAGGED_TURN)]
     turn_tokens = turn_cached = 0
     if len(follow) + 1 + config.draft_tokens <= config.max_context:  # its first token (and a verify's room)
-        [turn] = _run(engine, Request(follow, max_tokens=1, id="warm-up turn"))
+        [turn] = _run(engine, Request(follow, max_tokens=1, id="warm-up turn",
+                                      snapshot_at=(len(follow) - GENERATION_PROMPT,)))
         turn_tokens, turn_cached = len(follow) - turn.cached_tokens, turn.cached_tokens
     batched = _batched(engine, vocab_size)
     engine.cache.clear()

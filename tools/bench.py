@@ -42,7 +42,6 @@ import os
 import statistics
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -57,6 +56,7 @@ from ninfer_registry import load as registry_entry  # noqa: E402
 from ninfer_registry import scheme_classes  # noqa: E402
 from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
 from ninfer_run.kernels import cuda_ops, gated_delta  # noqa: E402
+from ninfer_run.kernels.common import counting_compiles  # noqa: E402
 from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
 from ninfer_run.memory import ModelShape, plan  # noqa: E402
 from ninfer_run.models import model_class  # noqa: E402
@@ -135,36 +135,26 @@ def _profiled(run, profile_to: Path | None) -> None:
                           + ops.table(sort_by="self_cpu_time_total", row_limit=30))
 
 
-def _triton_kernels_cached() -> dict[str, str]:
-    """Compiled Triton kernels in its cache directory (entry -> kernel name): a timed run that adds some
-    compiled during the timing, and which."""
-    cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
-    if not cache.is_dir():
-        return {}
-    return {entry.name: next((f.stem for f in entry.glob("*.json") if not f.name.startswith("__grp__")), "?")
-            for entry in cache.iterdir()}
-
-
 def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None = None, turn: int = 0) -> dict:
     """TTFT of one `tokens`-token prompt; with `turn`, then of an agent's next turn in the same engine: the
     prompt, its reply token and `turn` new tokens, the prompt's prefix reused (cached_tokens says how much)."""
     engine = build_engine(model, EngineConfig(max_context=tokens + 2 * turn + 64, prefill_chunk=chunk, max_frontiers=1))
     prompt = _prompt(tokens, model.cfg.vocab_size, seed)
     result = engine.submit(Request(prompt, max_tokens=1, params=GREEDY))
-    cached = _triton_kernels_cached()
-    _profiled(engine.run_until_done, profile_to)
-    _sync()
+    with counting_compiles() as compiled:
+        _profiled(engine.run_until_done, profile_to)
+        _sync()
     ttft = result.first_token - result.admitted
-    row = {"tokens": tokens, "chunk": chunk, "ttft_s": ttft, "tok_s": tokens / ttft, **_compiled_since(cached)}
+    row = {"tokens": tokens, "chunk": chunk, "ttft_s": ttft, "tok_s": tokens / ttft, **_compiled(compiled)}
     for n in range(2 if turn else 0):  # the next turn, then another: what the first compiles shows as the gap
         follow = prompt + result.tokens + _prompt(turn, model.cfg.vocab_size, seed + 1 + n)
-        cached = _triton_kernels_cached()
         result = engine.submit(Request(follow, max_tokens=1, params=GREEDY))
-        engine.run_until_done()
-        _sync()
+        with counting_compiles() as compiled:
+            engine.run_until_done()
+            _sync()
         row["turn_again" if n else "turn"] = {"new_tokens": len(follow) - result.cached_tokens,
                                               "cached_tokens": result.cached_tokens,
-                                              "ttft_s": result.first_token - result.admitted, **_compiled_since(cached)}
+                                              "ttft_s": result.first_token - result.admitted, **_compiled(compiled)}
         prompt = follow
     del engine
     gc.collect()
@@ -176,18 +166,18 @@ def server_warm_up(model, chunk: int, concurrency: int) -> dict:
     --max-concurrency (its batched requests: what a server of that concurrency spends at start-up)."""
     engine = build_engine(model, EngineConfig(max_context=2 * chunk + 256, prefill_chunk=chunk, max_frontiers=1,
                                               max_concurrency=concurrency))
-    cached = _triton_kernels_cached()
-    done = warm_up(engine, model.cfg.vocab_size)
-    _sync()
+    with counting_compiles() as compiled:
+        done = warm_up(engine, model.cfg.vocab_size)
+        _sync()
     del engine
     gc.collect()
-    return {**dataclasses.asdict(done), **_compiled_since(cached)}
+    return {**dataclasses.asdict(done), **_compiled(compiled)}
 
 
-def _compiled_since(cached: dict[str, str]) -> dict:
-    """How many Triton kernels were compiled since `cached` was listed, and each one's name and count."""
-    names = Counter(name for entry, name in _triton_kernels_cached().items() if entry not in cached)
-    return {"triton_compiled": sum(names.values()), "triton_compiled_kernels": dict(names)}
+def _compiled(counts) -> dict:
+    """counting_compiles' count as the bench's row fields (None: this Triton cannot count them)."""
+    return {"triton_compiled": None if counts is None else sum(counts.values()),
+            "triton_compiled_kernels": {} if counts is None else dict(counts)}
 
 
 def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: int = 0, forced: bool = False,
@@ -390,7 +380,8 @@ def table(r: dict) -> str:
                 if key in row:
                     t = row[key]
                     lines.append(f"    {name}: {t['new_tokens']} new tokens on {t['cached_tokens']:,} reused, "
-                                 f"TTFT {t['ttft_s']:.3f} s ({t['triton_compiled']} Triton kernels compiled)")
+                                 f"TTFT {t['ttft_s']:.3f} s ({t['triton_compiled']} Triton kernels compiled: "
+                                 f"{t['triton_compiled_kernels']})")
         for row in p.get("decode", []):
             mtp = f" MTP{row['draft_tokens']}{' forced' if row['forced'] else ''}" if row["draft_tokens"] else ""
             acc = f" accept {row['acceptance']:.0%}" if row["acceptance"] is not None else ""

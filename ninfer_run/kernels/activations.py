@@ -18,7 +18,7 @@ from .norms import _round
 BLOCK = 1024
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # one compile for every chunk's length
 def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr, EARLY: tl.constexpr):
     launch_dependents(EARLY)  # the down projection's GEMV streams its weights meanwhile
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

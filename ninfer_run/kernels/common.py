@@ -1,9 +1,12 @@
-"""Pieces the Triton kernels share: how far to split K, the split-K store, and the early launch of the
-kernel that follows."""
+"""Pieces the Triton kernels share: how far to split K, the split-K store, the early launch of the
+kernel that follows, and a count of the kernel specializations a block of work first used."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections import Counter
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -45,3 +48,26 @@ def store_or_add(ptrs, values, mask, SPLIT_K: tl.constexpr):
         tl.store(ptrs, values, mask=mask)
     else:
         tl.atomic_add(ptrs, values, mask=mask)
+
+
+@contextlib.contextmanager
+def counting_compiles() -> Iterator[Counter | None]:
+    """Count, by kernel name, the Triton specializations first used inside the block (compiled, or loaded
+    from Triton's disk cache): each is a pause of ~0.1-1 s that a request pays unless the warm-up ran it.
+    Yields None on a Triton without the post-compile hook (not a count of zero)."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
+        yield None
+        return
+    counts: Counter = Counter()
+    before = runtime.jit_post_compile_hook
+
+    def hook(*, fn, **kwargs):
+        counts[fn.name] += 1
+        return before(fn=fn, **kwargs) if before is not None else None
+
+    runtime.jit_post_compile_hook = hook
+    try:
+        yield counts
+    finally:
+        runtime.jit_post_compile_hook = before

@@ -40,7 +40,7 @@ def _decode_rows(x_ptr, s_ptr, out_ptr, slot, pos, live, D: tl.constexpr):
     tl.store(out_ptr + pos.to(tl.int64)[:, None, None] * D + groups * 64 + within, value, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer", "head", "length"])  # one compile for every layer, head and length
 def _read_head_kernel(table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, k_out, v_out, layer, head, length, num_blocks,
                       HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, TOKENS: tl.constexpr):
     pos = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)

@@ -31,7 +31,7 @@ def _quantize_store(x_ptr, q_ptr, s_ptr, row, h, dest, H: tl.constexpr, D: tl.co
     tl.store(s_ptr + (dest * H + h) * (D // 64) + groups, scale)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer"])  # (Triton would compile layer 1 apart)
 def _kv_write_kernel(k_ptr, v_ptr, slots_ptr, kq_ptr, ks_ptr, vq_ptr, vs_ptr, layer, SLOTS_PER_LAYER,
                      H: tl.constexpr, D: tl.constexpr):
     row, h = tl.program_id(0), tl.program_id(1)

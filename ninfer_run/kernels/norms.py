@@ -78,7 +78,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr,
               HEADS, RD, BLOCK, OFFSET, GATED, IN_DTYPE, RESIDUAL, ROPE)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Q_ROWS"])  # the chunk's q rows: one compile for any chunk length
 def _qk_norm_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, yq_ptr, yk_ptr, cos_ptr, sin_ptr, Q_ROWS, D, Q_STRIDE, K_STRIDE,
                          eps, offset, Q_HEADS, K_HEADS, RD, BLOCK: tl.constexpr, OFFSET: tl.constexpr,
                          IN_DTYPE: tl.constexpr, EARLY: tl.constexpr):

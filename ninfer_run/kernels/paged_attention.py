@@ -79,7 +79,9 @@ def _dequant(x_ptr, s_ptr, slot, live, BS: tl.constexpr, D: tl.constexpr):
     return x * tl.reshape(tl.broadcast_to(groups[:, :, None], (BS, D // 64, 64)), (BS, D))
 
 
-@triton.jit
+# (lengths and the layer vary from call to call: Triton would otherwise compile a kernel for each of their
+# divisibilities, ~1 s each inside some request's first token)
+@triton.jit(do_not_specialize=["layer", "max_blocks", "q_len"])
 def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_ptr, m_ptr, l_ptr,
                     layer, num_blocks, max_blocks, q_len, sm_scale,
                     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
@@ -130,17 +132,17 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
     tl.store(l_ptr + out_row * parts + part, lsum, mask=row_ok)
 
 
-@triton.jit
-def _merge_kernel(o_ptr, m_ptr, l_ptr, out_ptr, gate_ptr, gate_t, gate_h, HQ, PARTS: tl.constexpr,
+@triton.jit(do_not_specialize=["parts"])  # compiled per power of two (P2), not per partition count
+def _merge_kernel(o_ptr, m_ptr, l_ptr, out_ptr, gate_ptr, gate_t, gate_h, HQ, parts,
                   P2: tl.constexpr, D: tl.constexpr, GATED: tl.constexpr):
     row = tl.program_id(0)
     p = tl.arange(0, P2)
-    ok = p < PARTS
-    m = tl.load(m_ptr + row * PARTS + p, mask=ok, other=_NEG)
-    lsum = tl.load(l_ptr + row * PARTS + p, mask=ok, other=0.0)
+    ok = p < parts
+    m = tl.load(m_ptr + row * parts + p, mask=ok, other=_NEG)
+    lsum = tl.load(l_ptr + row * parts + p, mask=ok, other=0.0)
     weight = tl.where(lsum > 0, tl.exp(m - tl.max(m, 0)), 0.0)
     d = tl.arange(0, D)
-    acc = tl.load(o_ptr + (row * PARTS + p)[:, None] * D + d[None, :], mask=(ok & (lsum > 0))[:, None], other=0.0)
+    acc = tl.load(o_ptr + (row * parts + p)[:, None] * D + d[None, :], mask=(ok & (lsum > 0))[:, None], other=0.0)
     out = tl.sum(acc * weight[:, None], 0) / tl.sum(lsum * weight, 0)
     if GATED:  # layers.output_gate on the output cast to the activation dtype, rounded where torch rounds
         dtype = out_ptr.dtype.element_ty
@@ -178,18 +180,25 @@ def _tokens_per_program(q_len: int, group: int) -> int:
 
 def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     tokens_per_program: int | None = None, parts: int | None = None,
-                    gate: torch.Tensor | None = None, partial_options: dict | None = None) -> torch.Tensor:
+                    gate: torch.Tensor | None = None, partial_options: dict | None = None,
+                    one_shape: bool = False) -> torch.Tensor:
     """q [B, q_len, Hq, D] (bf16/fp16) over an INT8 pool -> [B, q_len, Hq, D] float32.
     `block_tables` int32 [B, max_blocks] (padding entries any valid block), `seq_lens` int32 [B].
     `gate` [B * q_len, Hq, D] (any strides but the last): the output then is layers.output_gate of it,
     in q's dtype (the merge does it: at decode three small kernels fewer per layer).
     `partial_options`: Triton launch options (num_warps, num_stages) for the partial kernel in place of
-    the defaults (tools/bench_kernels.py --attention-sweep compares them)."""
+    the defaults (tools/bench_kernels.py --attention-sweep compares them).
+    `one_shape`: the same compiled kernels whatever q_len and the table's width (64 rows of queries a
+    program, TARGET_PROGRAMS / kv heads partitions, empty ones skipped) - for eager short chunks, whose
+    lengths vary from request to request: each new shape would be a Triton compile inside some request's
+    first token. Captured steps keep the shape that fits them best (they are compiled at capture)."""
     if pool.layout.dtype != "int8":
         raise ValueError("the Triton path reads the INT8 group-64 pool")
     bsz, q_len, hq, dim = q.shape
     hkv, bs = pool.layout.kv_heads, pool.layout.block_size
     group = hq // hkv
+    if one_shape:
+        tokens_per_program, parts = max(1, 64 // group), max(1, TARGET_PROGRAMS // hkv)
     tokens = tokens_per_program or _tokens_per_program(q_len, group)
     rows = max(16, triton.next_power_of_2(tokens * group))
     max_blocks = block_tables.shape[1]
@@ -207,5 +216,5 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: 
         assert gate.shape == (bsz * q_len, hq, dim) and gate.stride(-1) == 1
     g = gate if gate is not None else out
     _merge_kernel[(bsz * q_len * hq,)](o, m, lsum, out, g, g.stride(0), g.stride(1) if gate is not None else 0, hq,
-                                       PARTS=parts, P2=triton.next_power_of_2(parts), D=dim, GATED=gate is not None)
+                                       parts, P2=triton.next_power_of_2(parts), D=dim, GATED=gate is not None)
     return out.view(bsz, q_len, hq, dim)

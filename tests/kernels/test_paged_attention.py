@@ -55,6 +55,36 @@ def test_matches_reference(lengths, q_len, parts):
     assert not torch.isnan(got).any() and err < PAGED_ERROR, err
 
 
+def _one_shape_error(length, q_len, seed=0):
+    pool, tables, padded, lens = _setup([length], seed)
+    hq, _, dim = HEADS
+    q = torch.randn(1, q_len, hq, dim, generator=torch.Generator().manual_seed(seed + q_len))
+    got = paged_attention(q.to(DEVICE, DTYPE), pool, 1, padded, lens, one_shape=True)
+    for name in ("k", "v", "k_scale", "v_scale"):
+        setattr(pool, name, getattr(pool, name).cpu())
+    want = reference(q.to(DTYPE).float(), pool, 1, tables, [length])
+    return float((got.cpu() - want).norm() / want.norm()), got
+
+
+@pytest.mark.parametrize("length,q_len", [(3, 3), (37, 1), (300, 37), (200, 64)])
+def test_one_shape_matches_reference(length, q_len):
+    """An eager short chunk's fixed shape (state.attend): more partitions than the sequence has blocks
+    (the empty ones skipped by the merge), more query rows a program than the chunk has."""
+    err, got = _one_shape_error(length, q_len)
+    assert not torch.isnan(got).any() and err < PAGED_ERROR, err
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="Triton compiles on CUDA (its interpreter compiles nothing)")
+def test_one_shape_compiles_once_for_any_chunk_and_table():
+    from ninfer_run.kernels.common import counting_compiles
+
+    _one_shape_error(300, 37)
+    with counting_compiles() as compiled:
+        for length, q_len in ((3, 3), (37, 1), (1000, 17), (4097, 64), (130, 5)):
+            assert _one_shape_error(length, q_len, seed=length)[0] < PAGED_ERROR
+    assert compiled is not None and not compiled, compiled
+
+
 @pytest.mark.parametrize("lengths,q_len", [([37, 200], 1), ([50, 131], 4)])
 def test_output_gate_in_the_merge_is_the_torch_gate(lengths, q_len):
     """Qwen3.5's output gate applied by the merge (the gate a strided view, as the model's q|gate split

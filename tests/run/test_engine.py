@@ -254,12 +254,12 @@ def test_speculative_engine_keeps_per_token_states_only_in_verify(model, monkeyp
 @pytest.mark.parametrize("graphs", [False, True])
 def test_warm_up_runs_two_chunks_and_a_ragged_one_and_leaves_no_trace(model, graphs):
     """The start-up requests (ninfer_run/warmup.py): 2 chunks + 17 tokens and speculative steps, then the
-    next turn reusing that prefix with 145 new tokens, then an engine indistinguishable from a fresh one:
+    next turn reusing that prefix with 145 new tokens (its last 3 a chunk apart), then an engine indistinguishable from a fresh one:
     no frontier, every KV block free, statistics zeroed, and the next request neither reuses anything nor
     decodes differently."""
     from ninfer_run.kv.prefix import PrefixStats
     from ninfer_run.spec import SpecStats
-    from ninfer_run.warmup import warm_up
+    from ninfer_run.warmup import GENERATION_PROMPT, warm_up
 
     engine = _engine(model, max_context=512, prefill_chunk=32, draft_tokens=2, cuda_graphs=graphs)
     chunks = []
@@ -273,7 +273,8 @@ def test_warm_up_runs_two_chunks_and_a_ragged_one_and_leaves_no_trace(model, gra
     assert chunks[:3] == [32, 32, 17]  # the prefill chunks (then the decode and verify forwards)
     # the next turn: prompt + reply reused up to the prefix cache's last full block, the rest prefilled
     assert done.turn_cached_tokens > 2 * 32 and done.turn_tokens + done.turn_cached_tokens == 2 * 32 + 17 + 7 + 145
-    assert chunks[-5:] == [32, 32, 32, 32, done.turn_tokens - 4 * 32]
+    # ... split where a chat turn's generation prompt starts, as the server splits it: a short last chunk
+    assert chunks[-6:] == [32, 32, 32, 32, done.turn_tokens - 4 * 32 - GENERATION_PROMPT, GENERATION_PROMPT]
     assert not engine.cache.frontiers and engine.cache.pool.free_blocks == engine.cache.pool.num_blocks
     assert engine.mtp_pool.free_blocks == engine.mtp_pool.num_blocks
     assert engine.cache.stats == PrefixStats() and engine.spec_stats == SpecStats()
@@ -281,6 +282,34 @@ def test_warm_up_runs_two_chunks_and_a_ragged_one_and_leaves_no_trace(model, gra
     result = engine.submit(Request(prompt, max_tokens=6))
     engine.run_until_done()
     assert result.cached_tokens == 0 and result.tokens == generate_greedy(model, torch.tensor(prompt), 6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton compiles on CUDA (its interpreter compiles nothing)")
+def test_after_the_warm_up_prompts_and_turns_of_other_lengths_compile_nothing(packed):
+    """What the warm-up is for: prompts, their decode and an agent's next turns (split before a short
+    generation prompt, as the server splits a chat turn) whose lengths differ from the warm-up's, in
+    every divisibility by 16 that Triton specialises integer arguments on unless told not to, use no
+    Triton kernel the warm-up did not (each would be a compile inside a first token: the bench's next
+    turn took 3.3-4.8 s for 0.3 s of work, stops 32-33)."""
+    from ninfer_run.kernels.common import counting_compiles
+    from ninfer_run.loader import load
+    from ninfer_run.warmup import warm_up
+
+    model = load(packed("tiny-qwen3.5", "nvfp4"), device="cuda", dtype=torch.bfloat16).model
+    engine = build_engine(model, EngineConfig(max_context=4096, prefill_chunk=256))
+    assert warm_up(engine, model.cfg.vocab_size).turn_tokens > 64
+    g = torch.Generator().manual_seed(5)
+    with counting_compiles() as compiled:
+        for length, new, tail in ((700, 301, 5), (256 + 64 + 16, 1007, 2), (43, 80, 9)):
+            prompt = torch.randint(0, 512, (length,), generator=g).tolist()
+            first = engine.submit(Request(prompt, max_tokens=4))
+            engine.run_until_done()
+            follow = prompt + first.tokens + torch.randint(0, 512, (new,), generator=g).tolist()
+            turn = engine.submit(Request(follow, max_tokens=4, snapshot_at=(len(follow) - tail,)))
+            engine.run_until_done()
+            assert first.finish_reason == turn.finish_reason == "length" and turn.cached_tokens > 0
+    assert compiled is not None and not compiled, dict(compiled)
 
 
 def test_warm_up_decodes_every_batch_size_up_to_max_concurrency(model):
