@@ -8,10 +8,10 @@ chunk falls in a bucket no full chunk reaches), and the engine captures one sequ
 speculative) graphs. On a fresh H200 the first 100K prompt of the 27B took 27.4 s with those l2norm
 compiles in it against 16.8 s after this warm-up (tools/results/gpu_notes.md, stop 19). Then an agent's
 next turn: the same prompt and reply reused from the prefix cache and RAGGED_TURN new tokens, a ragged
-chunk that attends to earlier KV through the dense path (the bench's first such turn after the old
-warm-up: 3.3-4.2 s for 2,049 new tokens that compute in well under 1 s, stops 32-33), split as the
-server splits a chat turn at its generation prompt (a frontier there), so its last few tokens take the
-paged kernel as a short chunk. (The kernels do not specialise on lengths, so one turn stands for all.) Last, with
+chunk that attends to earlier KV through the dense path, split as the server splits a chat turn at
+its generation prompt (a frontier there), so its last few tokens take the paged kernel as a short chunk.
+The kernels do not specialise on lengths, so this one turn stands for all: the bench's next turn (2,049
+new tokens on a 100K prefix) took 3.3-4.8 s with its compiles (stops 32-33), 0.53 s without (stop 34). Last, with
 --max-concurrency C > 1, C short requests at once that finish one step apart, so the decode steps of
 C, C - 1, .. 1 sequences are captured (and their kernels compiled) here rather than in the first step
 that batches that many. Triton keeps its compiled kernels on disk, so a restart pays much less.
