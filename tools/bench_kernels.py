@@ -40,6 +40,7 @@ import triton  # noqa: E402
 from ninfer_pack.quant import quantize_int, quantize_nvfp4  # noqa: E402
 from ninfer_run.kernels import cuda_ops, gated_delta, int_linear, kv_read, nvfp4_linear  # noqa: E402
 from ninfer_run.kernels.paged_attention import (  # noqa: E402
+    PREFILL_ATTENTION_MODES,
     TARGET_PROGRAMS,
     _partitions,
     _tokens_per_program,
@@ -271,6 +272,33 @@ def prefill_attention(device: str, dtype, heads, cases, ceil: dict, time_it: boo
                     qd, kd, kd, is_causal=True))
                 row["vs_peer"] = row["sdpa_peer_ms"] / row["ms"]
         rows.append(row)
+    return rows
+
+
+def prefill_attention_ab(device: str, dtype, heads=(24, 4, 256), t: int = 8192,
+                         contexts=(16384, 49152, 100_000)) -> list[dict]:
+    """dense_prefill in each PREFILL_ATTENTION_MODES mode: a chunk of t queries at the end of each context
+    (one layer, the 27B's heads), ms and TFLOP/s, and each mode's error against "masked"."""
+    hq, hkv, dim = heads
+    bs, rows = 64, []
+    for ctx in contexts:
+        blocks = -(-ctx // bs)
+        pool = BlockPool(KVLayout(1, hkv, dim, bs, "int8"), blocks, device=device)
+        kv = torch.randn(ctx, hkv, dim, device=device)
+        pool.write(0, list(range(blocks)), 0, kv, kv.flip(0))
+        q = torch.randn(t, hq, dim, device=device).to(dtype)
+        flops = 4 * hq * dim * (t * (ctx - t) + t * (t + 1) / 2)
+        want = dense_prefill(q, pool, 0, list(range(blocks)), ctx, "masked")
+        for mode in PREFILL_ATTENTION_MODES:
+            row = {"tokens": t, "context": ctx, "mode": mode}
+            try:
+                row["rel_err_vs_masked"] = _rel(dense_prefill(q, pool, 0, list(range(blocks)), ctx, mode), want)
+                if device == "cuda":
+                    row["ms"] = _bench(lambda: dense_prefill(q, pool, 0, list(range(blocks)), ctx, mode))
+                    row["TFLOP_s"] = flops / row["ms"] / 1e9
+            except RuntimeError as err:  # a backend this GPU or torch lacks: say so in its row
+                row["error"] = str(err)[:200]
+            rows.append(row)
     return rows
 
 
@@ -663,10 +691,10 @@ def _report(out: Path, name: str, key: str, rows: list[dict], ceil: dict, descri
     for r in rows:
         if "error" in r:  # a shape the sweep could not build or that computed something else
             print(f"{describe(r)} FAILED: {r['error']}")
-        elif "GB_s" not in r:  # checked, not timed (a CPU run)
-            print(f"{describe(r)} checked")
-        else:
+        elif "GB_s" in r:
             print(f"{describe(r)} {r['GB_s']:6.0f} GB/s ({r['GB_s'] / ceil['copy_GB_s']:.0%} of copy)")
+        else:  # compute-bound rows say their own figures; untimed ones (a CPU run) were only checked
+            print(describe(r) + ("" if "ms" in r else " checked"))
 
 
 def main() -> None:
@@ -687,6 +715,8 @@ def main() -> None:
     parser.add_argument("--gdn-sweep", action="store_true",
                         help="only the GDN recurrence of a decode step (48 layers in a CUDA graph), per Dv block "
                              "and warps")
+    parser.add_argument("--prefill-attention-ab", action="store_true",
+                        help="only a long prefill chunk's attention in each NINFER_PREFILL_ATTENTION mode")
     parser.add_argument("--attention-cells", nargs=2, type=int, metavar=("CONTEXT", "C"),
                         help="with --attention-sweep: this one context and batch at the default target "
                              "(e.g. under ncu: tools/gpu_check.sh ncu)")
@@ -708,6 +738,13 @@ def main() -> None:
         return _report(args.out, f"bench_attention_sweep_{gpu_tag()}", "attention_sweep", _attention_rows(device, args.attention_cells), ceil,
                        lambda r: f"attention ctx={r['context']:<6} C={r['batch']} q={r['q_len']:<2} target {r['target_programs']:>4} "
                                  f"parts {r['parts']:>3} {str(r['launch'] or ''):<17} {r['us_per_layer']:6.1f} us/layer")
+    if args.prefill_attention_ab:
+        rows = prefill_attention_ab(device, dtype) if gpu else prefill_attention_ab(device, dtype, (12, 2, 64), 40,
+                                                                                   (100,))
+        return _report(args.out, f"bench_prefill_attention_{gpu_tag()}", "prefill_attention_ab", rows, ceil,
+                       lambda r: f"prefill attention T={r['tokens']} ctx={r['context']:<6} {r['mode']:<11}"
+                                 + (f" {r['ms']:8.2f} ms {r['TFLOP_s']:6.1f} TFLOP/s" if "ms" in r else "")
+                                 + (f" err {r['rel_err_vs_masked']:.1e}" if "rel_err_vs_masked" in r else ""))
     if args.gdn_sweep:
         return _report(args.out, f"bench_gdn_sweep_{gpu_tag()}", "gdn_sweep", gdn_sweep(device), ceil,
                        lambda r: f"gdn C={r['batch']} Dv block {r['value_block']:>3} x {r['warps']} warps "

@@ -13,6 +13,7 @@ partial softmaxes. `reference` decodes the pool with kv/ (pure torch) and runs l
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -36,21 +37,31 @@ def reference(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[list[in
     return torch.stack(out)
 
 
-def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int], length: int) -> torch.Tensor:
+# How a long chunk attends over its decoded K/V (NINFER_PREFILL_ATTENTION, read at each call; tools/bench_kernels.py
+# --prefill-attention-ab times them): "masked", one SDPA call per KV head with a bottom-right causal mask
+# (flash-attention 2, GQA); "split-flash" / "split-cudnn": the chunk's queries over the earlier keys with no mask,
+# the group's heads folded into one head's rows (one long plain attention, by flash or by cuDNN's fused kernel),
+# and over the chunk's own keys causal (square, flash), the two merged by their rows' log-sum-exps.
+PREFILL_ATTENTION_MODES = ("masked", "split-flash", "split-cudnn")
+PREFILL_ATTENTION = os.environ.get("NINFER_PREFILL_ATTENTION", "masked")
+if PREFILL_ATTENTION not in PREFILL_ATTENTION_MODES:
+    raise ValueError(f"NINFER_PREFILL_ATTENTION={PREFILL_ATTENTION!r}: one of {PREFILL_ATTENTION_MODES}")
+
+
+def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int], length: int,
+                  mode: str | None = None) -> torch.Tensor:
     """A long prefill chunk q [T, Hq, D] at the end of a `length`-token sequence -> [T, Hq, D] in q's dtype.
 
     Compute-bound, so each KV head's keys and values are decoded to q's dtype once (kv_read's kernel on
-    an INT8 pool) and flash attention runs on them through SDPA, for that head's group of query heads,
-    with a bottom-right causal mask (query i sits at length - T + i). One head at a time bounds the
+    an INT8 pool) and flash attention runs on them, for that head's group of query heads, query i at
+    length - T + i (`mode`: PREFILL_ATTENTION's, None: as it is now). One head at a time bounds the
     transient memory to one head's K/V (268 MB at 262K tokens for the 27B; memory.py plans it). The
     paged kernel's per-block dequantization made the same work ~20 TFLOP/s on the H200
     (tools/bench_kernels.py); decode and verify (few rows) keep the kernel."""
-    from torch.nn.attention.bias import causal_lower_right
-
+    mode = mode or PREFILL_ATTENTION
     t, hq, dim = q.shape
     hkv = pool.layout.kv_heads
     group = hq // hkv
-    mask = causal_lower_right(t, length)
     out = torch.empty_like(q)
     if pool.layout.dtype == "int8":
         table = pool.device_table(blocks, torch.int32)
@@ -59,11 +70,59 @@ def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int
         read_head = functools.partial(pool.read_head, layer, blocks, length)
     for h in range(hkv):
         k, v = read_head(h, q.dtype)
-        qh = q[:, h * group : (h + 1) * group].transpose(0, 1)[None]  # [1, G, T, D]
-        o = torch.nn.functional.scaled_dot_product_attention(qh, k[None, None], v[None, None], attn_mask=mask,
-                                                             enable_gqa=True)
-        out[:, h * group : (h + 1) * group] = o[0].transpose(0, 1)
+        qh = q[:, h * group : (h + 1) * group]  # [T, G, D]
+        if mode == "masked":
+            out[:, h * group : (h + 1) * group] = _masked(qh, k, v)
+        else:
+            out[:, h * group : (h + 1) * group] = _split(qh, k, v, "cudnn" if mode == "split-cudnn" else "flash")
     return out
+
+
+def _masked(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One KV head's queries [T, G, D] over its keys/values [L, D], bottom-right causal -> [T, G, D]."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    mask = causal_lower_right(qh.shape[0], k.shape[0])
+    o = torch.nn.functional.scaled_dot_product_attention(qh.transpose(0, 1)[None], k[None, None], v[None, None],
+                                                         attn_mask=mask, enable_gqa=True)
+    return o[0].transpose(0, 1)
+
+
+def _split(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
+    """_masked's contract in two attentions merged: the queries over the earlier keys (no mask: the G heads'
+    rows folded into one head's, one long attention) and over the chunk's own T keys (square causal)."""
+    t, g, dim = qh.shape
+    prev = k.shape[0] - t
+    own_k, own_v = (x[prev:][None, None].expand(1, g, t, dim).contiguous() for x in (k, v))
+    own, own_lse = attention_lse(qh.transpose(0, 1)[None], own_k, own_v, True, "flash")  # [1, G, T, D], [1, G, T]
+    if prev == 0:
+        return own[0].transpose(0, 1)
+    earlier, earlier_lse = attention_lse(qh.reshape(1, 1, t * g, dim), k[None, None, :prev], v[None, None, :prev],
+                                         False, backend)
+    earlier, earlier_lse = earlier.view(t, g, dim), earlier_lse.view(t, g)
+    own, own_lse = own[0].transpose(0, 1), own_lse[0].transpose(0, 1)  # [T, G, D], [T, G]
+    lse = torch.logaddexp(earlier_lse, own_lse)
+    merged = earlier.float() * torch.exp(earlier_lse - lse)[..., None] + own.float() * torch.exp(own_lse - lse)[..., None]
+    return merged.to(qh.dtype)
+
+
+def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [1, H, T, D], k/v [1, H, S, D] -> (softmax(q k^T / sqrt(D)) v [1, H, T, D] in q's dtype, each row's
+    log-sum-exp of its scaled scores [1, H, T] float32); `causal`: square, query i sees keys 0..i. On CUDA
+    by flash-attention 2 or cuDNN (`backend`: "flash" | "cudnn", torch's fused kernels, which return the
+    log-sum-exp), elsewhere in float32 torch (the reference the GPU tests compare with)."""
+    if q.is_cuda:
+        if backend == "cudnn":
+            out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False)[:2]
+        else:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)[:2]
+        return out, lse.reshape(q.shape[:3]).float()
+    scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    return (torch.exp(scores - lse[..., None]) @ v.float()).to(q.dtype), lse
 
 
 @triton.jit

@@ -141,15 +141,18 @@ def test_dequant_is_each_int8_times_its_group_scale_rounded_once_to_fp16():
     assert torch.equal(out.cpu(), want)
 
 
+@pytest.mark.parametrize("mode", ["masked", "split-flash", "split-cudnn"])
 @pytest.mark.parametrize("length,q_len", [(300, 100), (256, 256), (700, 65)])
-def test_dense_prefill_matches_reference(length, q_len):
-    """The long-chunk path (KV decoded once, SDPA with a bottom-right causal mask, GQA)."""
+def test_dense_prefill_matches_reference(length, q_len, mode):
+    """The long-chunk path (KV decoded once, then flash attention): one SDPA call with a bottom-right
+    causal mask (GQA), or the earlier keys and the chunk's own apart, merged by their log-sum-exps (on a
+    CPU both backends are the float32 torch form: the merge is what is checked there)."""
     from ninfer_run.kernels.paged_attention import dense_prefill
 
     pool, tables, _, _ = _setup([length], length + q_len)
     hq, _, dim = HEADS
     q = torch.randn(q_len, hq, dim, generator=torch.Generator().manual_seed(length)).to(DEVICE, DTYPE)
-    got = dense_prefill(q, pool, 1, tables[0], length).float().cpu()
+    got = dense_prefill(q, pool, 1, tables[0], length, mode).float().cpu()
     for name in ("k", "v", "k_scale", "v_scale"):
         setattr(pool, name, getattr(pool, name).cpu())
     want = reference(q[None].float().cpu(), pool, 1, tables, [length])[0]
