@@ -13,6 +13,7 @@ partial softmaxes. `reference` decodes the pool with kv/ (pure torch) and runs l
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import torch
@@ -24,6 +25,7 @@ from ..layers import causal_attention
 from . import kv_read
 from .norms import _round
 
+log = logging.getLogger("ninfer.attention")
 _NEG = tl.constexpr(-1.0e30)  # a global a jitted function reads must be constexpr
 
 
@@ -41,11 +43,25 @@ def reference(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[list[in
 # --prefill-attention-ab times them): "masked", one SDPA call per KV head with a bottom-right causal mask
 # (flash-attention 2, GQA); "split-flash" / "split-cudnn": the chunk's queries over the earlier keys with no mask,
 # the group's heads folded into one head's rows (one long plain attention, by flash or by cuDNN's fused kernel),
-# and over the chunk's own keys causal (square, flash), the two merged by their rows' log-sum-exps.
-PREFILL_ATTENTION_MODES = ("masked", "split-flash", "split-cudnn")
+# and over the chunk's own keys causal (square, flash), the two merged by their rows' log-sum-exps; "auto":
+# split-cudnn on Hopper, masked elsewhere. H100, stop 34 (bench_prefill_attention_stop34_h100.json), an 8,192-token
+# chunk of the 27B's heads after 16K / 49K / 100K tokens: masked 9.29 / 29.50 / 61.15 ms a layer (266-316
+# TFLOP/s), split-flash 10.07 / 31.45 / 61.36, split-cudnn 7.22 / 17.01 / 32.03 (343-603 TFLOP/s); a 100K
+# prompt's TTFT 14.64 s against masked's 17.0-17.5 s in five earlier H100 runs. The default stays masked until
+# the split's GPU tests, a same-machine TTFT A/B (a next turn's included: cuDNN plans a new shape on first use)
+# and memory.py's count of its transients (~8 bf16 rows of a query group a chunk token) are in.
+PREFILL_ATTENTION_MODES = ("auto", "masked", "split-flash", "split-cudnn")
 PREFILL_ATTENTION = os.environ.get("NINFER_PREFILL_ATTENTION", "masked")
 if PREFILL_ATTENTION not in PREFILL_ATTENTION_MODES:
     raise ValueError(f"NINFER_PREFILL_ATTENTION={PREFILL_ATTENTION!r}: one of {PREFILL_ATTENTION_MODES}")
+_cudnn_refused: list[str] = []  # why cuDNN's attention failed on this machine (masked from then on)
+
+
+def prefill_attention_mode(mode: str, capability: tuple[int, int] | None) -> str:
+    """The mode a chunk runs: `mode`, "auto" resolved for the GPU's compute capability (None: not a GPU)."""
+    if mode == "auto":
+        mode = "split-cudnn" if capability is not None and capability[0] == 9 else "masked"
+    return "masked" if mode == "split-cudnn" and _cudnn_refused else mode
 
 
 def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int], length: int,
@@ -53,12 +69,13 @@ def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int
     """A long prefill chunk q [T, Hq, D] at the end of a `length`-token sequence -> [T, Hq, D] in q's dtype.
 
     Compute-bound, so each KV head's keys and values are decoded to q's dtype once (kv_read's kernel on
-    an INT8 pool) and flash attention runs on them, for that head's group of query heads, query i at
-    length - T + i (`mode`: PREFILL_ATTENTION's, None: as it is now). One head at a time bounds the
-    transient memory to one head's K/V (268 MB at 262K tokens for the 27B; memory.py plans it). The
-    paged kernel's per-block dequantization made the same work ~20 TFLOP/s on the H200
+    an INT8 pool) and fused attention runs on them, for that head's group of query heads, query i at
+    length - T + i (`mode`: PREFILL_ATTENTION_MODES', None: PREFILL_ATTENTION as it is now). One head at a
+    time bounds the transient memory to one head's K/V (268 MB at 262K tokens for the 27B; memory.py plans
+    it). The paged kernel's per-block dequantization made the same work ~20 TFLOP/s on the H200
     (tools/bench_kernels.py); decode and verify (few rows) keep the kernel."""
-    mode = mode or PREFILL_ATTENTION
+    mode = prefill_attention_mode(mode or PREFILL_ATTENTION, torch.cuda.get_device_capability(q.device)
+                                  if q.is_cuda else None)
     t, hq, dim = q.shape
     hkv = pool.layout.kv_heads
     group = hq // hkv
@@ -73,8 +90,16 @@ def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int
         qh = q[:, h * group : (h + 1) * group]  # [T, G, D]
         if mode == "masked":
             out[:, h * group : (h + 1) * group] = _masked(qh, k, v)
-        else:
+            continue
+        try:
             out[:, h * group : (h + 1) * group] = _split(qh, k, v, "cudnn" if mode == "split-cudnn" else "flash")
+        except RuntimeError as err:  # cuDNN without a kernel for this GPU or shape: masked, here and from now on
+            if mode != "split-cudnn":
+                raise
+            log.warning("cuDNN attention failed (%s): long prefill chunks take the masked flash path", err)
+            _cudnn_refused.append(str(err))
+            mode = "masked"
+            out[:, h * group : (h + 1) * group] = _masked(qh, k, v)
     return out
 
 
@@ -95,6 +120,7 @@ def _split(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> 
     prev = k.shape[0] - t
     own_k, own_v = (x[prev:][None, None].expand(1, g, t, dim).contiguous() for x in (k, v))
     own, own_lse = attention_lse(qh.transpose(0, 1)[None], own_k, own_v, True, "flash")  # [1, G, T, D], [1, G, T]
+    del own_k, own_v  # (transients: memory.py's workspace counts what is alive at once)
     if prev == 0:
         return own[0].transpose(0, 1)
     earlier, earlier_lse = attention_lse(qh.reshape(1, 1, t * g, dim), k[None, None, :prev], v[None, None, :prev],
@@ -102,8 +128,8 @@ def _split(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> 
     earlier, earlier_lse = earlier.view(t, g, dim), earlier_lse.view(t, g)
     own, own_lse = own[0].transpose(0, 1), own_lse[0].transpose(0, 1)  # [T, G, D], [T, G]
     lse = torch.logaddexp(earlier_lse, own_lse)
-    merged = earlier.float() * torch.exp(earlier_lse - lse)[..., None] + own.float() * torch.exp(own_lse - lse)[..., None]
-    return merged.to(qh.dtype)
+    merged = earlier.float().mul_(torch.exp(earlier_lse - lse)[..., None])
+    return merged.add_(own.float().mul_(torch.exp(own_lse - lse)[..., None])).to(qh.dtype)
 
 
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

@@ -160,6 +160,35 @@ def test_dense_prefill_matches_reference(length, q_len, mode):
     assert err < (1e-2 if DTYPE == torch.bfloat16 else 2e-3), err
 
 
+def test_auto_prefill_attention_is_split_cudnn_on_hopper_only():
+    from ninfer_run.kernels.paged_attention import prefill_attention_mode
+
+    assert prefill_attention_mode("auto", (9, 0)) == "split-cudnn"  # measured there (H100, stop 34)
+    assert prefill_attention_mode("auto", (12, 0)) == prefill_attention_mode("auto", None) == "masked"
+    assert prefill_attention_mode("split-flash", None) == "split-flash"
+
+
+def test_a_cudnn_refusal_falls_back_to_the_masked_path(monkeypatch):
+    """A GPU whose cuDNN has no fused attention for the shape: the chunk still gets its attention (the
+    masked path's, bit for bit) and later chunks go straight to it."""
+    from ninfer_run.kernels import paged_attention as pa
+
+    def refusing(q, k, v, causal, backend):
+        if backend == "cudnn":
+            raise RuntimeError("no cuDNN engine for this graph")
+        return lse(q, k, v, causal, backend)
+
+    lse = pa.attention_lse
+    monkeypatch.setattr(pa, "attention_lse", refusing)
+    monkeypatch.setattr(pa, "_cudnn_refused", [])
+    pool, tables, _, _ = _setup([300], 5)
+    hq, _, dim = HEADS
+    q = torch.randn(100, hq, dim, generator=torch.Generator().manual_seed(5)).to(DEVICE, DTYPE)
+    got = pa.dense_prefill(q, pool, 1, tables[0], 300, "split-cudnn")
+    assert torch.equal(got, pa.dense_prefill(q, pool, 1, tables[0], 300, "masked"))
+    assert pa._cudnn_refused and pa.prefill_attention_mode("split-cudnn", (9, 0)) == "masked"
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="an 8.9 GB pool: on the GPU only")
 def test_a_pool_past_2_31_values_is_addressed_in_64_bits():
     """A KV pool of more than 2^31 values (the 27B's 16 layers x 4 heads x 256 from 131,072 tokens, a
