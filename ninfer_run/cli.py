@@ -84,6 +84,16 @@ def _engine_config(max_context: int, max_concurrency: int, prefill_chunk: int, k
                         **rest)
 
 
+def _split_attention(device: str) -> bool:
+    """Whether long prefill chunks attend split on `device` (NINFER_PREFILL_ATTENTION; the plan counts its
+    buffers). A plan made where no GPU is resolves "auto" as the masked path."""
+    if not device.startswith("cuda"):
+        return False
+    from .kernels.prefill_modes import splits_long_chunks
+
+    return splits_long_chunks()
+
+
 def _size(text: str | None) -> int | None:
     from .memory import parse_size
 
@@ -121,13 +131,14 @@ def plan(
     config = _engine_config(max_context, max_concurrency, _default_chunk(prefill_chunk, "cuda"), kv_dtype, spec,
                             draft_tokens, max_frontiers, cuda_graphs=cuda_graphs)
     capacity = _size(gpu_mem)
-    media = {"media_cache_mib": media_cache_mib, "media_live_mib": media_live_mib}
+    sizes = {"media_cache_mib": media_cache_mib, "media_live_mib": media_live_mib,
+             "split_attention": _split_attention("cuda")}
     try:
         with Artifact(path) as a:
-            shape, weights, p = artifact_plan(a.manifest, config, "cuda", vision, **media)
+            shape, weights, p = artifact_plan(a.manifest, config, "cuda", vision, **sizes)
     except (FormatError, OSError, ValueError) as err:
         _fail(f"{path}: {err}")
-    advice = recommend(shape, weights, config, capacity, median_prompt, device="cuda", vision=vision, **media)
+    advice = recommend(shape, weights, config, capacity, median_prompt, device="cuda", vision=vision, **sizes)
     fits = p.slack(capacity) >= 0
     if as_json:
         typer.echo(json.dumps({"fits": fits, "capacity": capacity, "slack": p.slack(capacity),
@@ -190,10 +201,11 @@ def serve(
                             cuda_graphs=cuda_graphs, spec_max_batch=spec_max_batch)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         typer.echo(f"warning: serving on {host} without --api-key: anyone who can reach it can use it", err=True)
-    media = {"media_cache_mib": media_cache_mib, "media_live_mib": media_live_mib}
+    sizes = {"media_cache_mib": media_cache_mib, "media_live_mib": media_live_mib,
+             "split_attention": _split_attention(device)}
     try:
         with Artifact(path) as a:
-            _, _, p = artifact_plan(a.manifest, config, device, vision, **media)
+            _, _, p = artifact_plan(a.manifest, config, device, vision, **sizes)
     except (FormatError, OSError, ValueError) as err:
         _fail(f"{path}: {err}")
     capacity = _size(mem) or device_capacity(device)

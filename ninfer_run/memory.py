@@ -95,10 +95,14 @@ class ModelShape:
     def scratch_per_token(self, gpu: bool) -> int:
         return 2 * self.head_dim * 2 if gpu else 2 * self.kv_heads * self.head_dim * 4
 
-    def workspace_bytes(self, prefill_chunk: int, rows: int) -> int:
-        """Estimate of the activations of one prefill chunk (bf16) plus fp32 logits for `rows` tokens."""
+    def workspace_bytes(self, prefill_chunk: int, rows: int, split_attention: bool = False) -> int:
+        """Estimate of the activations of one prefill chunk (bf16) plus fp32 logits for `rows` tokens.
+        `split_attention`: long chunks attend split (kernels/paged_attention.py), which holds ~8 more
+        bf16 rows of one KV head's query group at once (the folded queries, two outputs, their merge)."""
         gdn = 2 * self.gdn_k_heads * self.gdn_k_dim + 2 * self.gdn_v_heads * self.gdn_v_dim if self.gdn_layers else 0
         per_token = 4 * self.hidden + 3 * self.intermediate + 2 * gdn + 2 * 2 * self.q_heads * self.head_dim
+        if split_attention:
+            per_token += 8 * (self.q_heads // max(self.kv_heads, 1)) * self.head_dim
         chunk_states = -(-prefill_chunk // GDN_CHUNK) * self.gdn_v_heads * self.gdn_k_dim * self.gdn_v_dim * 4
         return prefill_chunk * per_token * 2 + chunk_states + 2 * rows * self.vocab * 4
 
@@ -163,16 +167,17 @@ def artifact_weights(manifest, device: str, vision: bool) -> int:
 
 
 def artifact_plan(manifest, config: EngineConfig, device: str = "cuda", vision: bool = False,
-                  **media) -> tuple[ModelShape, int, MemoryPlan]:
-    """(shape, weights, plan) for an opened artifact's manifest."""
+                  **kw) -> tuple[ModelShape, int, MemoryPlan]:
+    """(shape, weights, plan) for an opened artifact's manifest; `kw`: plan's media sizes and split_attention."""
     m = manifest.model
     shape = ModelShape.from_config(m["family"], manifest.config, m["registry_entry"])
     weights = artifact_weights(manifest, device, vision)
-    return shape, weights, plan(shape, weights, config, device, vision, **media)
+    return shape, weights, plan(shape, weights, config, device, vision, **kw)
 
 
 def plan(shape: ModelShape, weights: int, config: EngineConfig, device: str = "cuda", vision: bool = False,
-         media_cache_mib: int = DEFAULT_MEDIA_CACHE_MIB, media_live_mib: int = DEFAULT_MEDIA_LIVE_MIB) -> MemoryPlan:
+         media_cache_mib: int = DEFAULT_MEDIA_CACHE_MIB, media_live_mib: int = DEFAULT_MEDIA_LIVE_MIB,
+         split_attention: bool = False) -> MemoryPlan:
     mtp = config.draft_tokens > 0
     per_token = shape.kv_bytes_per_token(config.kv_dtype, mtp)
     blocks = -(-config.max_context // config.block_size)
@@ -185,7 +190,8 @@ def plan(shape: ModelShape, weights: int, config: EngineConfig, device: str = "c
         rollback_states=state * (config.draft_tokens + 1) * config.max_concurrency if mtp else 0,
         frontier_states=state * config.max_frontiers,
         media=(media_cache_mib + media_live_mib) * MiB if vision else 0,
-        workspace=shape.workspace_bytes(config.prefill_chunk, config.max_concurrency * (config.draft_tokens + 1)),
+        workspace=shape.workspace_bytes(config.prefill_chunk, config.max_concurrency * (config.draft_tokens + 1),
+                                        split_attention),
         prefill_scratch=shape.prefill_scratch_bytes(config.max_context, gpu),
         cuda_graphs=CUDA_GRAPH_POOL if gpu else 0, runtime=RUNTIME_OVERHEAD if gpu else 0)
 

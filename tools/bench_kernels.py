@@ -40,7 +40,6 @@ import triton  # noqa: E402
 from ninfer_pack.quant import quantize_int, quantize_nvfp4  # noqa: E402
 from ninfer_run.kernels import cuda_ops, gated_delta, int_linear, kv_read, nvfp4_linear  # noqa: E402
 from ninfer_run.kernels.paged_attention import (  # noqa: E402
-    PREFILL_ATTENTION_MODES,
     TARGET_PROGRAMS,
     _partitions,
     _tokens_per_program,
@@ -48,6 +47,7 @@ from ninfer_run.kernels.paged_attention import (  # noqa: E402
     paged_attention,
 )
 from ninfer_run.kernels.paged_attention import reference as attention_reference  # noqa: E402
+from ninfer_run.kernels.prefill_modes import MODES as PREFILL_ATTENTION_MODES  # noqa: E402
 from ninfer_run.kv.pool import BlockPool, KVLayout  # noqa: E402
 
 from bench_common import gpu_tag, write_results  # noqa: E402

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 import triton
@@ -23,6 +22,7 @@ import triton.language as tl
 from ..kv.pool import BlockPool
 from ..layers import causal_attention
 from . import kv_read
+from . import prefill_modes as modes
 from .norms import _round
 
 log = logging.getLogger("ninfer.attention")
@@ -39,43 +39,18 @@ def reference(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[list[in
     return torch.stack(out)
 
 
-# How a long chunk attends over its decoded K/V (NINFER_PREFILL_ATTENTION, read at each call; tools/bench_kernels.py
-# --prefill-attention-ab times them): "masked", one SDPA call per KV head with a bottom-right causal mask
-# (flash-attention 2, GQA); "split-flash" / "split-cudnn": the chunk's queries over the earlier keys with no mask,
-# the group's heads folded into one head's rows (one long plain attention, by flash or by cuDNN's fused kernel),
-# and over the chunk's own keys causal (square, flash), the two merged by their rows' log-sum-exps; "auto":
-# split-cudnn on Hopper, masked elsewhere. H100, stop 34 (bench_prefill_attention_stop34_h100.json), an 8,192-token
-# chunk of the 27B's heads after 16K / 49K / 100K tokens: masked 9.29 / 29.50 / 61.15 ms a layer (266-316
-# TFLOP/s), split-flash 10.07 / 31.45 / 61.36, split-cudnn 7.22 / 17.01 / 32.03 (343-603 TFLOP/s); a 100K
-# prompt's TTFT 14.64 s against masked's 17.0-17.5 s in five earlier H100 runs. The default stays masked until
-# the split's GPU tests, a same-machine TTFT A/B (a next turn's included: cuDNN plans a new shape on first use)
-# and memory.py's count of its transients (~8 bf16 rows of a query group a chunk token) are in.
-PREFILL_ATTENTION_MODES = ("auto", "masked", "split-flash", "split-cudnn")
-PREFILL_ATTENTION = os.environ.get("NINFER_PREFILL_ATTENTION", "masked")
-if PREFILL_ATTENTION not in PREFILL_ATTENTION_MODES:
-    raise ValueError(f"NINFER_PREFILL_ATTENTION={PREFILL_ATTENTION!r}: one of {PREFILL_ATTENTION_MODES}")
-_cudnn_refused: list[str] = []  # why cuDNN's attention failed on this machine (masked from then on)
-
-
-def prefill_attention_mode(mode: str, capability: tuple[int, int] | None) -> str:
-    """The mode a chunk runs: `mode`, "auto" resolved for the GPU's compute capability (None: not a GPU)."""
-    if mode == "auto":
-        mode = "split-cudnn" if capability is not None and capability[0] == 9 else "masked"
-    return "masked" if mode == "split-cudnn" and _cudnn_refused else mode
-
-
 def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int], length: int,
                   mode: str | None = None) -> torch.Tensor:
     """A long prefill chunk q [T, Hq, D] at the end of a `length`-token sequence -> [T, Hq, D] in q's dtype.
 
     Compute-bound, so each KV head's keys and values are decoded to q's dtype once (kv_read's kernel on
     an INT8 pool) and fused attention runs on them, for that head's group of query heads, query i at
-    length - T + i (`mode`: PREFILL_ATTENTION_MODES', None: PREFILL_ATTENTION as it is now). One head at a
+    length - T + i (`mode`: one of prefill_modes.MODES; None: NINFER_PREFILL_ATTENTION's). One head at a
     time bounds the transient memory to one head's K/V (268 MB at 262K tokens for the 27B; memory.py plans
     it). The paged kernel's per-block dequantization made the same work ~20 TFLOP/s on the H200
     (tools/bench_kernels.py); decode and verify (few rows) keep the kernel."""
-    mode = prefill_attention_mode(mode or PREFILL_ATTENTION, torch.cuda.get_device_capability(q.device)
-                                  if q.is_cuda else None)
+    mode = modes.prefill_attention_mode(mode or modes.PREFILL_ATTENTION, torch.cuda.get_device_capability(q.device)
+                                        if q.is_cuda else None)
     t, hq, dim = q.shape
     hkv = pool.layout.kv_heads
     group = hq // hkv
@@ -97,7 +72,7 @@ def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int
             if mode != "split-cudnn":
                 raise
             log.warning("cuDNN attention failed (%s): long prefill chunks take the masked flash path", err)
-            _cudnn_refused.append(str(err))
+            modes.cudnn_refused.append(str(err))
             mode = "masked"
             out[:, h * group : (h + 1) * group] = _masked(qh, k, v)
     return out

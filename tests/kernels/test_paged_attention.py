@@ -161,7 +161,7 @@ def test_dense_prefill_matches_reference(length, q_len, mode):
 
 
 def test_auto_prefill_attention_is_split_cudnn_on_hopper_only():
-    from ninfer_run.kernels.paged_attention import prefill_attention_mode
+    from ninfer_run.kernels.prefill_modes import prefill_attention_mode
 
     assert prefill_attention_mode("auto", (9, 0)) == "split-cudnn"  # measured there (H100, stop 34)
     assert prefill_attention_mode("auto", (12, 0)) == prefill_attention_mode("auto", None) == "masked"
@@ -172,6 +172,7 @@ def test_a_cudnn_refusal_falls_back_to_the_masked_path(monkeypatch):
     """A GPU whose cuDNN has no fused attention for the shape: the chunk still gets its attention (the
     masked path's, bit for bit) and later chunks go straight to it."""
     from ninfer_run.kernels import paged_attention as pa
+    from ninfer_run.kernels import prefill_modes
 
     def refusing(q, k, v, causal, backend):
         if backend == "cudnn":
@@ -180,13 +181,13 @@ def test_a_cudnn_refusal_falls_back_to_the_masked_path(monkeypatch):
 
     lse = pa.attention_lse
     monkeypatch.setattr(pa, "attention_lse", refusing)
-    monkeypatch.setattr(pa, "_cudnn_refused", [])
+    monkeypatch.setattr(prefill_modes, "cudnn_refused", [])
     pool, tables, _, _ = _setup([300], 5)
     hq, _, dim = HEADS
     q = torch.randn(100, hq, dim, generator=torch.Generator().manual_seed(5)).to(DEVICE, DTYPE)
     got = pa.dense_prefill(q, pool, 1, tables[0], 300, "split-cudnn")
     assert torch.equal(got, pa.dense_prefill(q, pool, 1, tables[0], 300, "masked"))
-    assert pa._cudnn_refused and pa.prefill_attention_mode("split-cudnn", (9, 0)) == "masked"
+    assert prefill_modes.cudnn_refused and prefill_modes.prefill_attention_mode("split-cudnn", (9, 0)) == "masked"
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="an 8.9 GB pool: on the GPU only")

@@ -4,6 +4,7 @@
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import ninfer_registry
@@ -101,6 +102,30 @@ def test_plan_cli_exit_codes_and_json(packed):
     eager = CliRunner().invoke(app, ["plan", path, "--gpu-mem", "2GiB", "--median-prompt", "1000", "--json",
                                      "--no-cuda-graphs"])
     assert eager.exit_code == 0 and json.loads(eager.output)["components"] == report["components"]
+
+
+def test_the_plan_counts_the_split_prefill_attention_where_it_runs(packed, monkeypatch):
+    """NINFER_PREFILL_ATTENTION=split-*: a long chunk's attention holds ~8 bf16 rows of a KV head's query
+    group more a chunk token (kernels/paged_attention.py), and `plan` / `serve` count them; "auto" counts
+    them only on a Hopper GPU (a plan made without one: the masked path's)."""
+    from ninfer_format import Artifact
+    from ninfer_run.kernels import prefill_modes
+    from ninfer_run.memory import artifact_plan
+
+    path = str(packed("tiny-qwen3.5", "nvfp4"))
+
+    def workspace(mode):
+        monkeypatch.setattr(prefill_modes, "PREFILL_ATTENTION", mode)
+        r = CliRunner().invoke(app, ["plan", path, "--gpu-mem", "8GiB", "--json"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["components"]["activation workspace"]
+
+    with Artifact(path) as a:
+        shape = artifact_plan(a.manifest, EngineConfig(max_context=64))[0]
+    group_rows = 8192 * 8 * (shape.q_heads // shape.kv_heads) * shape.head_dim * 2  # the default CUDA chunk
+    assert workspace("split-cudnn") == workspace("split-flash") == workspace("masked") + group_rows
+    if not torch.cuda.is_available():
+        assert workspace("auto") == workspace("masked")
 
 
 def test_serve_refuses_what_does_not_fit(packed):

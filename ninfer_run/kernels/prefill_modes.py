@@ -1,0 +1,41 @@
+"""How a long prefill chunk's attention runs (kernels/paged_attention.dense_prefill): the modes, the
+choice for a GPU, and whether that choice splits (what memory.py plans for). Apart from the kernels so
+that a plan can be made where Triton is not installed."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# How a long chunk attends over its decoded K/V (NINFER_PREFILL_ATTENTION, read at each call; tools/bench_kernels.py
+# --prefill-attention-ab times them): "masked", one SDPA call per KV head with a bottom-right causal mask
+# (flash-attention 2, GQA); "split-flash" / "split-cudnn": the chunk's queries over the earlier keys with no mask,
+# the group's heads folded into one head's rows (one long plain attention, by flash or by cuDNN's fused kernel),
+# and over the chunk's own keys causal (square, flash), the two merged by their rows' log-sum-exps; "auto":
+# split-cudnn on Hopper, masked elsewhere. H100, stop 34 (bench_prefill_attention_stop34_h100.json), an 8,192-token
+# chunk of the 27B's heads after 16K / 49K / 100K tokens: masked 9.29 / 29.50 / 61.15 ms a layer (266-316
+# TFLOP/s), split-flash 10.07 / 31.45 / 61.36, split-cudnn 7.22 / 17.01 / 32.03 (343-603 TFLOP/s); a 100K
+# prompt's TTFT 14.64 s against masked's 17.0-17.5 s in five earlier H100 runs. The default stays masked until
+# the split's GPU tests and a same-machine TTFT A/B (a next turn's included: cuDNN plans a new shape on first
+# use) have run. memory.py counts the split's transients (~8 bf16 rows of a query group a chunk token) where it runs.
+MODES = ("auto", "masked", "split-flash", "split-cudnn")
+PREFILL_ATTENTION = os.environ.get("NINFER_PREFILL_ATTENTION", "masked")
+if PREFILL_ATTENTION not in MODES:
+    raise ValueError(f"NINFER_PREFILL_ATTENTION={PREFILL_ATTENTION!r}: one of {MODES}")
+cudnn_refused: list[str] = []  # why cuDNN's attention failed on this machine (masked from then on)
+
+
+def prefill_attention_mode(mode: str, capability: tuple[int, int] | None) -> str:
+    """The mode a chunk runs: `mode`, "auto" resolved for the GPU's compute capability (None: not a GPU)."""
+    if mode == "auto":
+        mode = "split-cudnn" if capability is not None and capability[0] == 9 else "masked"
+    return "masked" if mode == "split-cudnn" and cudnn_refused else mode
+
+
+def splits_long_chunks() -> bool:
+    """Whether long chunks on this machine's GPU take a split mode now (memory.py plans its buffers)."""
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    return prefill_attention_mode(PREFILL_ATTENTION, capability) != "masked"
+
+
