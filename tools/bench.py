@@ -25,7 +25,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     by the GEMV after them and with a norm kernel of their own (cuda_ops.FUSED_NORM flipped); with
     --ab-fused-glu, with SwiGLU's SiLU-mul written by gate and up's launch and by a kernel of its own
     (cuda_ops.FUSED_GLU flipped); with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone streamed
-    through NAME (cuda_ops.MLP_PIPELINE).
+    through NAME (cuda_ops.MLP_PIPELINE); with --ab-prefill-attention MODE, each prefill (the longest with
+    its next turns) in the default long-chunk attention and in MODE, back to back (prefill_modes).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
 difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
@@ -55,7 +56,11 @@ from ninfer_pack.quant import quantize_tensor  # noqa: E402
 from ninfer_registry import load as registry_entry  # noqa: E402
 from ninfer_registry import scheme_classes  # noqa: E402
 from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
-from ninfer_run.kernels import cuda_ops, gated_delta  # noqa: E402
+from ninfer_run.kernels import (  # noqa: E402
+    cuda_ops,
+    gated_delta,
+    prefill_modes,  # noqa: E402
+)
 from ninfer_run.kernels.common import counting_compiles  # noqa: E402
 from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
 from ninfer_run.memory import ModelShape, plan  # noqa: E402
@@ -159,6 +164,29 @@ def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None =
     del engine
     gc.collect()
     return row
+
+
+def prefill_attention_ab(model, args, p: dict, flops: float, ceil: dict, save) -> None:
+    """Each prefill length (the longest with its next turns) in the default long-chunk attention and in
+    --ab-prefill-attention's, back to back (adjacent: the machine's drift stays out of the A/B), after a
+    warm-up in the other mode too (its first uses: Triton compiles, cuDNN plans)."""
+    default, other = prefill_modes.PREFILL_ATTENTION, args.ab_prefill_attention
+    try:
+        prefill_modes.PREFILL_ATTENTION = other
+        server_warm_up(model, args.chunk, 1)
+        for tokens in args.prefill:
+            for mode in (default, other):
+                prefill_modes.PREFILL_ATTENTION = mode
+                row = prefill(model, tokens, args.chunk, seed=tokens, turn=args.turn if tokens == max(args.prefill) else 0)
+                row |= {"variant": f"prefill attention {mode}", "of_flop_ceiling":
+                        flops * row["tok_s"] / (ceil["bf16_TFLOP_s"] * 1e12)}
+                p["prefill"].append(row)
+                save()
+                turn = f", next turn {row['turn']['ttft_s']:.3f} s" if "turn" in row else ""
+                print(f"prefill {tokens} (prefill attention {mode}): {row['ttft_s']:.2f} s{turn} "
+                      f"({row['triton_compiled']} Triton kernels compiled)", flush=True)
+    finally:
+        prefill_modes.PREFILL_ATTENTION = default
 
 
 def server_warm_up(model, chunk: int, concurrency: int) -> dict:
@@ -355,7 +383,8 @@ def bars_of(results: dict) -> dict[str, float]:
     bars = {}
     for profile, p in results["profiles"].items():
         for row in p["prefill"]:
-            bars[f"{profile} prefill {row['tokens'] // 1000}K"] = row["tok_s"]
+            variant = f" {row['variant']}" if "variant" in row else ""
+            bars[f"{profile} prefill {row['tokens'] // 1000}K{variant}"] = row["tok_s"]
         for row in p["decode"]:
             mtp = f" MTP{'f' if row['forced'] else ''}" if row["draft_tokens"] else ""
             ctx = f" @{row['context'] // 1000}K" if row.get("context", 512) > 512 else ""
@@ -374,7 +403,8 @@ def table(r: dict) -> str:
         for row in p.get("prefill", []):
             vs = f", {peer['prefill_s'] / row['ttft_s']:.2f}x transformers" if peer and row["tokens"] == peer.get(
                 "prefill_tokens") else ""
-            lines.append(f"  prefill {row['tokens']:>6}: TTFT {row['ttft_s']:6.2f} s, {row['tok_s']:7.0f} tok/s, "
+            variant = f" ({row['variant']})" if "variant" in row else ""
+            lines.append(f"  prefill {row['tokens']:>6}{variant}: TTFT {row['ttft_s']:6.2f} s, {row['tok_s']:7.0f} tok/s, "
                          f"linears at {row['of_flop_ceiling']:.0%} of the FLOP ceiling{vs}")
             for key, name in (("turn", "its next turn"), ("turn_again", "the turn after")):
                 if key in row:
@@ -488,6 +518,9 @@ def main() -> None:
                         help="also decode each concurrency with the MLP's NVFP4 GEMVs streamed this way (an A/B)")
     parser.add_argument("--ab-fused-glu", action="store_true",
                         help="also decode each concurrency with SwiGLU's SiLU-mul in gate and up's launch and not")
+    parser.add_argument("--ab-prefill-attention", choices=prefill_modes.MODES, default=None,
+                        help="also time each prefill with the long chunks' attention in the default mode and in this "
+                             "one, back to back (NINFER_PREFILL_ATTENTION)")
     parser.add_argument("--lm-head", metavar="SCHEME",
                         help="lm_head's scheme in place of the profile's bf16 (as ninfer-pack --lm-head), e.g. nvfp4")
     parser.add_argument("--smoke", action="store_true")
@@ -539,6 +572,8 @@ def main() -> None:
             save()
             print(f"[{profile}] prefill {tokens}: {row['ttft_s']:.2f} s ({row['triton_compiled']} Triton kernels "
                   f"compiled meanwhile: {row['triton_compiled_kernels']})", flush=True)
+        if args.ab_prefill_attention and n == 0:
+            prefill_attention_ab(model, args, p, flops, ceil, save)
         if args.profile_prefill and n == 0:
             prefill(model, args.profile_prefill, args.chunk, seed=7, profile_to=args.out / "prefill_profile.txt")
         if not args.no_decode:
