@@ -441,8 +441,10 @@ def _step_split(row: dict) -> str:
 
 
 def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> None:
-    """Decode rows into p["decode"]: every concurrency for every profile; for the first also a long
-    context, MTP (real and forced acceptance) and the decode profiles (device time)."""
+    """Decode rows into p["decode"]: every concurrency for every profile, and a profile of 8 steps at C = 1
+    (decode_profile_<profile>.txt after the first's decode_profile.txt: where a token's time goes in each
+    weight format); for the first also a long context, MTP (real and forced acceptance) and its other
+    profiles (device time)."""
     decode(model, 1, 4, 128)  # warm-up
     for c in args.concurrency:
         row = decode(model, c, args.new_tokens, 512)
@@ -450,6 +452,7 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
         save()
         print(f"[{profile}] decode C={c}: {row['tok_s']:.1f} tok/s{_step_split(row)}", flush=True)
     if not first:
+        decode(model, 1, 8, 512, profile_to=args.out / f"decode_profile_{profile}.txt")
         return
     for context in args.decode_context:  # decode after a long prompt: the KV read joins the weights'
         row = decode(model, 1, args.new_tokens, context)
