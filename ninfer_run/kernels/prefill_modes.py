@@ -18,7 +18,7 @@ import torch
 # TFLOP/s), split-flash 10.07 / 31.45 / 61.36, split-cudnn 7.22 / 17.01 / 32.03 (343-603 TFLOP/s); a 100K
 # prompt's TTFT 14.64 s against masked's 17.0-17.5 s in five earlier H100 runs. The default stays masked until
 # the split's GPU tests and a same-machine TTFT A/B (a next turn's included: cuDNN plans a new shape on first
-# use) have run. memory.py counts the split's transients (~8 bf16 rows of a query group a chunk token) where it runs.
+# use) have run. memory.py counts the split's transients (~4 bf16 rows of a query group a chunk token) where it runs.
 MODES = ("auto", "masked", "split-flash", "split-cudnn")
 PREFILL_ATTENTION = os.environ.get("NINFER_PREFILL_ATTENTION", "masked")
 if PREFILL_ATTENTION not in MODES:

@@ -160,6 +160,27 @@ def test_dense_prefill_matches_reference(length, q_len, mode):
     assert err < (1e-2 if DTYPE == torch.bfloat16 else 2e-3), err
 
 
+def test_merge_lse_is_the_torch_merge_on_strided_halves():
+    """The split attention's merge (one Triton kernel, written into a slice of the chunk's output) against
+    the float32 torch form, with the layouts the halves come in: a [T, G, D] view of a folded [T * G, D],
+    b a transposed [G, T, D], log-sum-exps of both orders, and lse gaps wide enough that one half dominates."""
+    from ninfer_run.kernels.paged_attention import merge_lse, merge_lse_reference
+
+    t, g, dim = 37, 6, 128
+    gen = torch.Generator().manual_seed(11)
+    a = torch.randn(t * g, dim, generator=gen).to(DEVICE, DTYPE).view(t, g, dim)
+    b = torch.randn(g, t, dim, generator=gen).to(DEVICE, DTYPE).transpose(0, 1)
+    lse_a = (torch.randn(t, g, generator=gen) * 4).to(DEVICE)
+    lse_b = (torch.randn(g, t, generator=gen) * 4).to(DEVICE).transpose(0, 1)
+    lse_a[0, 0], lse_b[1, 1] = 60.0, 60.0  # one half's weight ~1, the other's ~e^-60
+    chunk = torch.zeros(t, 3 * g, dim, dtype=DTYPE, device=DEVICE)
+    merge_lse(a, lse_a, b, lse_b, chunk[:, g : 2 * g])
+    want = merge_lse_reference(a, lse_a, b, lse_b)
+    # the same float32 sums in another order: a last-bit rounding apart at most
+    assert float((chunk[:, g : 2 * g].float() - want.float()).norm() / want.float().norm()) < 1e-4
+    assert not chunk[:, :g].any() and not chunk[:, 2 * g :].any()  # only its slice written
+
+
 def test_auto_prefill_attention_is_split_cudnn_on_hopper_only():
     from ninfer_run.kernels.prefill_modes import prefill_attention_mode
 

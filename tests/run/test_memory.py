@@ -105,7 +105,7 @@ def test_plan_cli_exit_codes_and_json(packed):
 
 
 def test_the_plan_counts_the_split_prefill_attention_where_it_runs(packed, monkeypatch):
-    """NINFER_PREFILL_ATTENTION=split-*: a long chunk's attention holds ~8 bf16 rows of a KV head's query
+    """NINFER_PREFILL_ATTENTION=split-*: a long chunk's attention holds ~4 bf16 rows of a KV head's query
     group more a chunk token (kernels/paged_attention.py), and `plan` / `serve` count them; "auto" counts
     them only on a Hopper GPU (a plan made without one: the masked path's)."""
     from ninfer_format import Artifact
@@ -122,7 +122,7 @@ def test_the_plan_counts_the_split_prefill_attention_where_it_runs(packed, monke
 
     with Artifact(path) as a:
         shape = artifact_plan(a.manifest, EngineConfig(max_context=64))[0]
-    group_rows = 8192 * 8 * (shape.q_heads // shape.kv_heads) * shape.head_dim * 2  # the default CUDA chunk
+    group_rows = 8192 * 4 * (shape.q_heads // shape.kv_heads) * shape.head_dim * 2  # the default CUDA chunk
     assert workspace("split-cudnn") == workspace("split-flash") == workspace("masked") + group_rows
     if not torch.cuda.is_available():
         assert workspace("auto") == workspace("masked")
