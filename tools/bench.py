@@ -56,11 +56,7 @@ from ninfer_pack.quant import quantize_tensor  # noqa: E402
 from ninfer_registry import load as registry_entry  # noqa: E402
 from ninfer_registry import scheme_classes  # noqa: E402
 from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
-from ninfer_run.kernels import (  # noqa: E402
-    cuda_ops,
-    gated_delta,
-    prefill_modes,  # noqa: E402
-)
+from ninfer_run.kernels import cuda_ops, gated_delta, prefill_modes  # noqa: E402
 from ninfer_run.kernels.common import counting_compiles  # noqa: E402
 from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
 from ninfer_run.memory import ModelShape, plan  # noqa: E402
@@ -166,6 +162,14 @@ def prefill(model, tokens: int, chunk: int, seed: int, profile_to: Path | None =
     return row
 
 
+def prefill_row(model, tokens: int, args, flops: float, ceil: dict) -> dict:
+    """prefill's row for a `tokens`-token prompt (the longest of --prefill with its next turns), with the
+    share of the bf16 FLOP ceiling its linears reached."""
+    row = prefill(model, tokens, args.chunk, seed=tokens, turn=args.turn if tokens == max(args.prefill) else 0)
+    row["of_flop_ceiling"] = flops * row["tok_s"] / (ceil["bf16_TFLOP_s"] * 1e12)
+    return row
+
+
 def prefill_attention_ab(model, args, p: dict, flops: float, ceil: dict, save) -> None:
     """Each prefill length (the longest with its next turns) in the default long-chunk attention and in
     --ab-prefill-attention's, back to back (adjacent: the machine's drift stays out of the A/B), after a
@@ -177,9 +181,7 @@ def prefill_attention_ab(model, args, p: dict, flops: float, ceil: dict, save) -
         for tokens in args.prefill:
             for mode in (default, other):
                 prefill_modes.PREFILL_ATTENTION = mode
-                row = prefill(model, tokens, args.chunk, seed=tokens, turn=args.turn if tokens == max(args.prefill) else 0)
-                row |= {"variant": f"prefill attention {mode}", "of_flop_ceiling":
-                        flops * row["tok_s"] / (ceil["bf16_TFLOP_s"] * 1e12)}
+                row = prefill_row(model, tokens, args, flops, ceil) | {"variant": f"prefill attention {mode}"}
                 p["prefill"].append(row)
                 save()
                 turn = f", next turn {row['turn']['ttft_s']:.3f} s" if "turn" in row else ""
@@ -569,8 +571,7 @@ def main() -> None:
               f"turn of {warm['turn_tokens']} new tokens, {warm['batched']} together): "
               f"{warm['seconds']:.2f} s, {warm['triton_compiled']} Triton kernels compiled", flush=True)
         for tokens in args.prefill if n == 0 else args.prefill[:1]:  # later profiles: the 8K point (device time)
-            row = prefill(model, tokens, args.chunk, seed=tokens, turn=args.turn if tokens == max(args.prefill) else 0)
-            row["of_flop_ceiling"] = flops * row["tok_s"] / (ceil["bf16_TFLOP_s"] * 1e12)
+            row = prefill_row(model, tokens, args, flops, ceil)
             p["prefill"].append(row)
             save()
             print(f"[{profile}] prefill {tokens}: {row['ttft_s']:.2f} s ({row['triton_compiled']} Triton kernels "

@@ -282,19 +282,19 @@ def prefill_attention_ab(device: str, dtype, heads=(24, 4, 256), t: int = 8192,
     hq, hkv, dim = heads
     bs, rows = 64, []
     for ctx in contexts:
-        blocks = -(-ctx // bs)
-        pool = BlockPool(KVLayout(1, hkv, dim, bs, "int8"), blocks, device=device)
+        blocks = list(range(-(-ctx // bs)))
+        pool = BlockPool(KVLayout(1, hkv, dim, bs, "int8"), len(blocks), device=device)
         kv = torch.randn(ctx, hkv, dim, device=device)
-        pool.write(0, list(range(blocks)), 0, kv, kv.flip(0))
+        pool.write(0, blocks, 0, kv, kv.flip(0))
         q = torch.randn(t, hq, dim, device=device).to(dtype)
         flops = 4 * hq * dim * (t * (ctx - t) + t * (t + 1) / 2)
-        want = dense_prefill(q, pool, 0, list(range(blocks)), ctx, "masked")
+        want = dense_prefill(q, pool, 0, blocks, ctx, "masked")
         for mode in [m for m in PREFILL_ATTENTION_MODES if m != "auto"]:
             row = {"tokens": t, "context": ctx, "mode": mode}
             try:
-                row["rel_err_vs_masked"] = _rel(dense_prefill(q, pool, 0, list(range(blocks)), ctx, mode), want)
+                row["rel_err_vs_masked"] = _rel(dense_prefill(q, pool, 0, blocks, ctx, mode), want)
                 if device == "cuda":
-                    row["ms"] = _bench(lambda: dense_prefill(q, pool, 0, list(range(blocks)), ctx, mode))
+                    row["ms"] = _bench(lambda: dense_prefill(q, pool, 0, blocks, ctx, mode))
                     row["TFLOP_s"] = flops / row["ms"] / 1e9
             except RuntimeError as err:  # a backend this GPU or torch lacks: say so in its row
                 row["error"] = str(err)[:200]

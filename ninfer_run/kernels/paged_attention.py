@@ -62,19 +62,19 @@ def dense_prefill(q: torch.Tensor, pool: BlockPool, layer: int, blocks: list[int
         read_head = functools.partial(pool.read_head, layer, blocks, length)
     for h in range(hkv):
         k, v = read_head(h, q.dtype)
-        qh = q[:, h * group : (h + 1) * group]  # [T, G, D]
-        if mode == "masked":
-            out[:, h * group : (h + 1) * group] = _masked(qh, k, v)
-            continue
-        try:
-            _split(qh, k, v, "cudnn" if mode == "split-cudnn" else "flash", out[:, h * group : (h + 1) * group])
-        except RuntimeError as err:  # cuDNN without a kernel for this GPU or shape: masked, here and from now on
-            if mode != "split-cudnn":
-                raise
-            log.warning("cuDNN attention failed (%s): long prefill chunks take the masked flash path", err)
-            modes.cudnn_refused.append(str(err))
-            mode = "masked"
-            out[:, h * group : (h + 1) * group] = _masked(qh, k, v)
+        heads = slice(h * group, (h + 1) * group)
+        qh = q[:, heads]  # [T, G, D]
+        if mode != "masked":
+            try:
+                _split(qh, k, v, "cudnn" if mode == "split-cudnn" else "flash", out[:, heads])
+                continue
+            except RuntimeError as err:  # cuDNN without a kernel for this GPU or shape: masked, here and from now on
+                if mode != "split-cudnn":
+                    raise
+                log.warning("cuDNN attention failed (%s): long prefill chunks take the masked flash path", err)
+                modes.cudnn_refused.append(str(err))
+                mode = "masked"
+        out[:, heads] = _masked(qh, k, v)
     return out
 
 
@@ -120,7 +120,8 @@ def merge_lse(a: torch.Tensor, lse_a: torch.Tensor, b: torch.Tensor, lse_b: torc
 
 
 def merge_lse_reference(a, lse_a, b, lse_b) -> torch.Tensor:
-    lse = torch.logaddexp(lse_a.float(), lse_b.float())
+    lse_a, lse_b = lse_a.float(), lse_b.float()
+    lse = torch.logaddexp(lse_a, lse_b)
     merged = a.float() * torch.exp(lse_a - lse)[..., None] + b.float() * torch.exp(lse_b - lse)[..., None]
     return merged.to(a.dtype)
 
