@@ -334,8 +334,36 @@ def gdn(device: str, ceil: dict, time_it: bool) -> list[dict]:
                     *args, initial_state=state[None], output_final_state=True, use_qk_l2norm_in_kernel=True))
                 row["vs_peer"] = row["torch_chunk_peer_ms"] / row["ms"]
                 row["tok_s"] = t / row["ms"] * 1000
+        if t > 1:
+            row |= _gdn_conv(t, 2 * hk * d + hv * d, device, time_it, ceil)
         rows.append(row)
     return rows
+
+
+def _gdn_conv(t: int, channels: int, device: str, time_it: bool, ceil: dict) -> dict:
+    """The chunk's causal conv + SiLU (kernels/gdn_conv.py on a GPU) against the model's torch form
+    (cat, depthwise F.conv1d, SiLU): its error, and on a GPU both times and the kernel's share of copy
+    (x read, the output written once)."""
+    x = torch.randn(t, channels, device=device).to(torch.bfloat16 if device == "cuda" else torch.float16)
+    history = torch.randn(3, channels, device=device).to(x.dtype)
+    weight = (torch.randn(channels, 1, 4, device=device) * 0.5).to(x.dtype)
+
+    def torch_form():  # the model's (float32 on a CPU: its half conv1d is missing or slow)
+        padded = torch.cat((history, x))
+        compute = padded.dtype if device == "cuda" else torch.float32
+        return torch.nn.functional.silu(torch.nn.functional.conv1d(
+            padded.T[None].to(compute), weight.to(compute), groups=channels)[0].T)
+
+    if device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return {}
+    from ninfer_run.kernels import gdn_conv
+
+    row = {"conv_rel_err": _rel(gdn_conv.causal_conv_silu(x, history, weight), torch_form())}
+    if time_it:
+        row["conv_ms"] = _bench(lambda: gdn_conv.causal_conv_silu(x, history, weight))
+        row["conv_torch_ms"] = _bench(torch_form)
+        row["conv_of_roofline"] = 2 * x.numel() * 2 / (ceil["copy_GB_s"] * 1e6) / row["conv_ms"]
+    return row
 
 
 def _gdn_in_place(hk, hv, d, g, beta, state, device, on_gpu: bool):
@@ -677,6 +705,11 @@ def table(results: dict) -> str:
                     f"{r['in_place_ms'] * 1000:.1f} us = {r['in_place_of_roofline']:.0%}")
         elif "ms" in r:
             err += f" {r['ms']:.2f} ms/layer, {r['tok_s']:.0f} tok/s, {r['vs_peer']:.1f}x torch chunked"
+        if "conv_ms" in r:
+            err += (f"; conv + SiLU {r['conv_ms'] * 1000:.0f} us = {r['conv_of_roofline']:.0%} roofline (torch "
+                    f"{r['conv_torch_ms'] * 1000:.0f} us, rel err {r['conv_rel_err']:.1e})")
+        elif "conv_rel_err" in r:
+            err += f"; conv + SiLU rel err {r['conv_rel_err']:.1e}"
         lines.append(f"gdn T={r['tokens']:<6} fla={r['fla']}{err}")
     if "decode_linear_projection" in results:
         p = results["decode_linear_projection"]

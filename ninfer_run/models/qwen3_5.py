@@ -148,10 +148,16 @@ class Model(CausalLM):
         """T tokens of one sequence: causal depthwise conv over [previous K-1 inputs | new], SiLU, delta rule."""
         k = self.cfg.conv_kernel
         history = state.conv.get(i, torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype, device=qkv.device))
-        padded = torch.cat((history, qkv), dim=0)
+        weight = self._conv_weight(i, qkv.dtype)
+        if qkv.is_cuda and not state.keep_steps:  # a prefill chunk: one kernel (a verify keeps each window)
+            from ..kernels import gdn_conv  # Triton: GPU installs only
+
+            conv = gdn_conv.causal_conv_silu(qkv, history, weight)
+            padded = torch.cat((history, qkv[-(k - 1):]), dim=0)  # only the new window's rows
+        else:
+            padded = torch.cat((history, qkv), dim=0)
+            conv = F.silu(F.conv1d(padded.T[None], weight, groups=weight.shape[0])[0].T)
         _store(state.conv, i, padded[-(k - 1):])
-        weight = self._conv_weight(i, padded.dtype)
-        conv = F.silu(F.conv1d(padded.T[None], weight, groups=weight.shape[0])[0].T)
         s = state.recurrent.get(i, self._zero_state(qkv.device))
         out, final, states = gated_delta_rule(*self._split_heads(conv), g, beta, s, keep_steps=state.keep_steps)
         _store(state.recurrent, i, final)
