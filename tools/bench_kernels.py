@@ -666,7 +666,7 @@ def table(results: dict) -> str:
     c = results.get("ceilings")
     if c:
         lines.append(f"ceilings: copy {c['copy_GB_s']:.0f} GB/s, bf16 matmul {c['bf16_TFLOP_s']:.0f} TFLOP/s")
-    for r in results["decode_gemv"]:
+    for r in results.get("decode_gemv", []):
         if "nvfp4_ms" in r:
             shapes = " ".join(f"{s}:{v:.0f}" for s, v in r.get("nvfp4_shapes_us", {}).items())
             row_major = f"row-major {r['nvfp4_row_major_ms'] * 1000:.0f} us; " if "nvfp4_row_major_ms" in r else ""
@@ -745,6 +745,8 @@ def main() -> None:
                         help="with --chain: the rows (tokens) a step decodes, as at concurrency M")
     parser.add_argument("--attention-sweep", action="store_true",
                         help="only decode attention in a CUDA graph, pool-wide tables, each partition target")
+    parser.add_argument("--gdn-only", action="store_true",
+                        help="only the GDN layer rows: fla's chunked form, the in-place decode step, the prefill conv")
     parser.add_argument("--gdn-sweep", action="store_true",
                         help="only the GDN recurrence of a decode step (48 layers in a CUDA graph), per Dv block "
                              "and warps")
@@ -788,6 +790,12 @@ def main() -> None:
         name = f"bench_chain_{gpu_tag()}" + (f"_m{args.chain_rows}" if args.chain_rows > 1 else "")
         return _report(args.out, name, "mlp_chain", mlp_chain(device, args.chain_only, args.chain_rows), ceil,
                        lambda r: f"chain {r['variant']:<20} {r['us_per_layer']:6.1f} us/layer")
+    if args.gdn_only:
+        results["gdn"] = gdn(device, ceil, gpu)
+        if gpu:
+            write_results(args.out, f"bench_gdn_{gpu_tag()}", results)
+        print(table(results))
+        return
     results["decode_gemv"] = linears(device, dtype, shapes, ceil, gpu)
     if args.gemv_only:
         print(table({"ceilings": ceil, "decode_gemv": results["decode_gemv"]}))
