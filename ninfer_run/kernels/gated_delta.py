@@ -69,7 +69,9 @@ def gated_delta_rule(q, k, v, g, beta, state, keep_steps: bool = False):
 
     Prefill (T > 1, no per-token states wanted) takes the chunked kernel; decode and speculative
     verify (keep_steps: a rollback needs the state after every token) take the recurrent one, a
-    token at a time in the verify case (T is the draft count + 1, a handful)."""
+    token at a time in the verify case (T is the draft count + 1, a handful). The chunked kernel's out
+    stays in v's dtype (its float32 sum rounded once, as the caller rounds the reference's): a float32
+    copy and the cast back were two passes over [T, Hv, Dv] per layer and chunk."""
     if not available(v.device):
         return reference(q, k, v, g, beta, state, keep_steps)
     if v.shape[0] > 1 and not keep_steps:
@@ -77,7 +79,7 @@ def gated_delta_rule(q, k, v, g, beta, state, keep_steps: bool = False):
         out, final = chunk(*(t[None].contiguous() for t in (q, k, v)), g[None].float().contiguous(),
                            beta[None].float().contiguous(), initial_state=state[None], scale=q.shape[-1] ** -0.5,
                            use_qk_l2norm_in_kernel=True, output_final_state=True)
-        return out[0].float(), final[0], []
+        return out[0], final[0], []
     outs, steps, s = [], [], state[None]
     for j in range(v.shape[0]):
         o, s = gated_delta_step(*(t[j : j + 1] for t in (q, k, v, g, beta)), s)
