@@ -27,6 +27,7 @@ import argparse
 import functools
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -275,13 +276,15 @@ def prefill_attention(device: str, dtype, heads, cases, ceil: dict, time_it: boo
     return rows
 
 
-def prefill_attention_ab(device: str, dtype, heads=(24, 4, 256), t: int = 8192,
-                         contexts=(16384, 49152, 100_000)) -> list[dict]:
-    """dense_prefill in each PREFILL_ATTENTION_MODES mode: a chunk of t queries at the end of each context
-    (one layer, the 27B's heads), ms and TFLOP/s, and each mode's error against "masked"."""
+def prefill_attention_ab(device: str, dtype, heads=(24, 4, 256),
+                         cases=((8192, 16384), (8192, 49152), (8192, 100_000), (2049, 102_049))) -> list[dict]:
+    """dense_prefill in each PREFILL_ATTENTION_MODES mode: a chunk of t queries at the end of a ctx-token
+    context for each (t, ctx) of `cases` (one layer, the 27B's heads; the last an agent's next turn), ms and
+    TFLOP/s, each mode's error against "masked", and the shape's first call (first_call_ms: what a new
+    chunk or turn pays on top, cuDNN's plan build included; masked's first call is the reference's, before)."""
     hq, hkv, dim = heads
     bs, rows = 64, []
-    for ctx in contexts:
+    for t, ctx in cases:
         blocks = list(range(-(-ctx // bs)))
         pool = BlockPool(KVLayout(1, hkv, dim, bs, "int8"), len(blocks), device=device)
         kv = torch.randn(ctx, hkv, dim, device=device)
@@ -292,7 +295,12 @@ def prefill_attention_ab(device: str, dtype, heads=(24, 4, 256), t: int = 8192,
         for mode in [m for m in PREFILL_ATTENTION_MODES if m != "auto"]:
             row = {"tokens": t, "context": ctx, "mode": mode}
             try:
-                row["rel_err_vs_masked"] = _rel(dense_prefill(q, pool, 0, blocks, ctx, mode), want)
+                start = time.perf_counter()  # this shape's first call: what a new chunk or turn pays (cuDNN plans)
+                got = dense_prefill(q, pool, 0, blocks, ctx, mode)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                row["first_call_ms"] = (time.perf_counter() - start) * 1000
+                row["rel_err_vs_masked"] = _rel(got, want)
                 if device == "cuda":
                     row["ms"] = _bench(lambda: dense_prefill(q, pool, 0, blocks, ctx, mode))
                     row["TFLOP_s"] = flops / row["ms"] / 1e9
@@ -774,11 +782,12 @@ def main() -> None:
                        lambda r: f"attention ctx={r['context']:<6} C={r['batch']} q={r['q_len']:<2} target {r['target_programs']:>4} "
                                  f"parts {r['parts']:>3} {str(r['launch'] or ''):<17} {r['us_per_layer']:6.1f} us/layer")
     if args.prefill_attention_ab:
-        rows = prefill_attention_ab(device, dtype) if gpu else prefill_attention_ab(device, dtype, (12, 2, 64), 40,
-                                                                                   (100,))
+        rows = prefill_attention_ab(device, dtype) if gpu else prefill_attention_ab(device, dtype, (12, 2, 64),
+                                                                                   ((40, 100), (17, 117)))
         return _report(args.out, f"bench_prefill_attention_{gpu_tag()}", "prefill_attention_ab", rows, ceil,
                        lambda r: f"prefill attention T={r['tokens']} ctx={r['context']:<6} {r['mode']:<11}"
                                  + (f" {r['ms']:8.2f} ms {r['TFLOP_s']:6.1f} TFLOP/s" if "ms" in r else "")
+                                 + (f" first call {r['first_call_ms']:7.1f} ms" if "first_call_ms" in r else "")
                                  + (f" err {r['rel_err_vs_masked']:.1e}" if "rel_err_vs_masked" in r else ""))
     if args.gdn_sweep:
         return _report(args.out, f"bench_gdn_sweep_{gpu_tag()}", "gdn_sweep", gdn_sweep(device), ceil,
