@@ -1,0 +1,155 @@
+"""The Triton kernels compile for Hopper (sm_90) and the RTX 5090 (sm_120) on a machine without a GPU.
+
+The CPU tests run the kernels in Triton's interpreter, which checks their indexing and math but accepts
+programs the compiler rejects (a type it cannot lower, a shape it cannot lay out): such a kernel would
+first fail on the GPU box, where time is scarce. Here each kernel runs once in the interpreter through
+its wrapper on small inputs, the launch's argument types are read off, and a fresh Python without the
+interpreter compiles each kernel ahead of time for each target to a cubin (Triton's own ptxas; the
+interpreter patches triton.language while it runs, so the compiler cannot share its process).
+Specialisation (divisibility by 16) is left out: the device may still vectorise differently."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="captures launches from Triton's interpreter (a CPU machine)")
+
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+TARGETS = {"sm_90": 90, "sm_120": 120}
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.uint8: "u8",
+         torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+COMPILE = """
+import json, sys
+import importlib
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+failures = {}
+for launch in json.load(sys.stdin):
+    kernel = getattr(importlib.import_module(launch["module"]), launch["name"])
+    for target, capability in launch["targets"].items():
+        try:
+            source = ASTSource(fn=kernel, signature=launch["signature"], constexprs=launch["constexprs"])
+            if not triton.compile(source, target=GPUTarget("cuda", capability, 32)).asm.get("cubin"):
+                failures[f"{launch['name']} {target}"] = "no cubin"
+        except Exception as err:  # the compiler's message is the point
+            failures[f"{launch['name']} {target}"] = f"{type(err).__name__}: {err}"[-2000:]
+print(json.dumps(failures))
+"""
+
+
+def _launches(run) -> list[dict]:
+    """Every kernel launch inside run() -> its module, name, argument types and constexprs as launched, once
+    per variant (one kernel with other constexprs is another program)."""
+    seen: dict[str, dict] = {}
+    original = InterpretedFunction.run
+
+    def capture(self, *args, grid, warmup, **kwargs):
+        jit = JITFunction(self.fn)
+        bound = dict(zip(jit.arg_names, args)) | kwargs
+        signature, constexprs = {}, {}
+        for p in jit.params:
+            value = bound.get(p.name, p.default)
+            if p.is_constexpr or value is None:
+                signature[p.name], constexprs[p.name] = "constexpr", value
+            elif isinstance(value, torch.Tensor):
+                signature[p.name] = "*" + TYPES[value.dtype]
+            elif isinstance(value, bool):
+                signature[p.name] = "i1"
+            elif isinstance(value, int):
+                signature[p.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            elif isinstance(value, float):
+                signature[p.name] = "fp32"
+            else:
+                raise TypeError(f"{self.fn.__name__}: argument {p.name} of type {type(value).__name__}")
+        launch = {"module": self.fn.__module__, "name": self.fn.__name__, "signature": signature,
+                  "constexprs": constexprs, "targets": TARGETS}
+        seen.setdefault(json.dumps(launch, sort_keys=True), launch)  # a kernel once per variant
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = capture
+    try:
+        run()
+    finally:
+        InterpretedFunction.run = original
+    return list(seen.values())
+
+
+def _gdn_conv():
+    from ninfer_run.kernels import gdn_conv
+
+    x = torch.randn(70, 40, dtype=torch.bfloat16)
+    gdn_conv.causal_conv_silu(x, torch.zeros(3, 40, dtype=torch.bfloat16), torch.randn(40, 1, 4, dtype=torch.bfloat16))
+
+
+def _merge_lse():
+    from ninfer_run.kernels.paged_attention import merge_lse
+
+    a, b = (torch.randn(5, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    merge_lse(a, torch.randn(5, 2), b, torch.randn(5, 2))
+
+
+def _norms():
+    from ninfer_run.kernels import activations, norms
+
+    x, h, gate = (torch.randn(3, 256, dtype=torch.bfloat16) for _ in range(3))
+    w = torch.randn(256, dtype=torch.bfloat16)
+    norms.rms_norm(x, w, 1e-6, 1.0)
+    norms.add_rms_norm(x, h, w, 1e-6, 1.0)
+    norms.gated_rms_norm(x, gate, w, 1e-6)
+    q, k = torch.randn(3, 4, 256, dtype=torch.bfloat16), torch.randn(3, 2, 256, dtype=torch.bfloat16)
+    cos, sin = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16)
+    norms.qk_norm_rope(q, k, w, w, 1e-6, 1.0, cos, sin)
+    activations.silu_mul(x, h)
+
+
+def _gdn_step():
+    from ninfer_run.kernels import gdn_decode, gdn_gates
+
+    hk, hv, d = 2, 4, 32
+    c = 2 * hk * d + hv * d
+    slots = torch.tensor([1])
+    conv = gdn_decode.conv_step(torch.randn(1, c, dtype=torch.bfloat16), torch.zeros(2, 3, c, dtype=torch.bfloat16),
+                                torch.randn(c, 1, 4, dtype=torch.bfloat16), slots)
+    gdn_gates.gdn_gates(torch.randn(1, hv, dtype=torch.bfloat16), torch.randn(1, hv, dtype=torch.bfloat16),
+                        torch.randn(hv), torch.randn(hv))
+    g, beta = gdn_gates.projected_gates(torch.randn(1, 64, dtype=torch.bfloat16),
+                                        torch.randn(2 * hv, 64, dtype=torch.bfloat16), torch.randn(hv), torch.randn(hv))
+    gdn_decode.recurrent_step(conv, g, beta, torch.zeros(2, hv, d, d), slots, hk)
+
+
+def _kv():
+    from ninfer_run.kernels import kv_read, kv_write
+    from ninfer_run.kernels.paged_attention import paged_attention
+    from ninfer_run.kv.pool import BlockPool, KVLayout
+
+    pool = BlockPool(KVLayout(2, 2, 256, 16, "int8"), 4, "cpu")
+    k, v = torch.randn(3, 2, 256, dtype=torch.bfloat16), torch.randn(3, 2, 256, dtype=torch.bfloat16)
+    kv_write.write_slots(pool, 1, torch.tensor([0, 1, 2]), k, v)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    kv_read.read_head(pool, 1, table[0], 20, 1, torch.bfloat16)
+    paged_attention(torch.randn(1, 3, 4, 256, dtype=torch.bfloat16), pool, 1, table, torch.tensor([20], dtype=torch.int32),
+                    one_shape=True)
+
+
+WORKLOADS = {"gdn_conv": _gdn_conv, "merge_lse": _merge_lse, "norms": _norms, "gdn_step": _gdn_step, "kv": _kv}
+
+
+def test_kernels_compile_for_the_gpus():
+    launches = {name: _launches(run) for name, run in WORKLOADS.items()}
+    assert all(launches.values()), {name: "launched no Triton kernel" for name, got in launches.items() if not got}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE], input=json.dumps(sum(launches.values(), [])), env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    failures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not failures, "\n\n".join(f"{k}: {v}" for k, v in failures.items())
