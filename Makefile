@@ -16,6 +16,9 @@ install:
 test:
 	$(BIN)/ruff check formats registry ninfer_pack ninfer_run tools tests
 	$(BIN)/python -m pytest -q --durations=10
+	# the `gpu` tests of the Triton kernels and the runtime: in Triton's interpreter on a CPU (those that
+	# need CUDA itself skip), compiled on a GPU
+	$(BIN)/python -m pytest -q -m gpu tests/kernels tests/run
 
 golden:
 	$(BIN)/python tools/gen_golden.py

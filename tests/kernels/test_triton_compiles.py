@@ -125,6 +125,12 @@ def _gdn_step():
     g, beta = gdn_gates.projected_gates(torch.randn(1, 64, dtype=torch.bfloat16),
                                         torch.randn(2 * hv, 64, dtype=torch.bfloat16), torch.randn(hv), torch.randn(hv))
     gdn_decode.recurrent_step(conv, g, beta, torch.zeros(2, hv, d, d), slots, hk)
+    # a verify of 2 tokens keeping each token's window and state (MTP's rollback)
+    two = gdn_decode.conv_step(torch.randn(2, c, dtype=torch.bfloat16), torch.zeros(2, 3, c, dtype=torch.bfloat16),
+                               torch.randn(c, 1, 4, dtype=torch.bfloat16), slots, 2,
+                               torch.zeros(2, 2, 3, c, dtype=torch.bfloat16))
+    gdn_decode.recurrent_step(two, torch.randn(2, hv), torch.rand(2, hv), torch.zeros(2, hv, d, d), slots, hk, 2,
+                              torch.zeros(2, 2, hv, d, d))
 
 
 def _kv():
@@ -139,9 +145,36 @@ def _kv():
     kv_read.read_head(pool, 1, table[0], 20, 1, torch.bfloat16)
     paged_attention(torch.randn(1, 3, 4, 256, dtype=torch.bfloat16), pool, 1, table, torch.tensor([20], dtype=torch.int32),
                     one_shape=True)
+    paged_attention(torch.randn(1, 1, 4, 256, dtype=torch.bfloat16), pool, 1, table, torch.tensor([20], dtype=torch.int32),
+                    gate=torch.randn(1, 4, 256, dtype=torch.bfloat16))  # a decode step, the output gate merged
 
 
-WORKLOADS = {"gdn_conv": _gdn_conv, "merge_lse": _merge_lse, "norms": _norms, "gdn_step": _gdn_step, "kv": _kv}
+def _nvfp4():
+    from ninfer_run.kernels import cuda_ops, nvfp4_linear
+
+    n, k = 64, 256
+    codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+    scales = torch.randint(0, 120, (n, k // 16), dtype=torch.uint8).view(torch.float8_e4m3fn)
+    s2 = torch.tensor(0.01)
+    nvfp4_linear.gemv(torch.randn(2, k, dtype=torch.bfloat16), codes, scales, s2)
+    nvfp4_linear.dequantize(codes, scales, s2)
+    tiled_codes, tiled_scales = cuda_ops.tile_nvfp4(codes, scales)
+    nvfp4_linear.dequantize(tiled_codes, tiled_scales, s2, tiled_shape=(n, k))  # the sm_90a artifact's prefill
+
+
+def _int4():
+    from ninfer_pack.quant import quantize_int
+    from ninfer_run.kernels import cuda_ops, int_linear
+
+    n, k = 64, 256
+    p = quantize_int(torch.randn(n, k) * 0.05, 4, 128, True, "w")
+    x = torch.randn(2, k, dtype=torch.bfloat16)
+    int_linear.gemv(x, p["qweight"], p["scale"], None, 4, 128)
+    int_linear.dequantize(p["qweight"], p["scale"], None, 4, 128, k)
+    int_linear.dequantize(*cuda_ops.tile_int4(p["qweight"], p["scale"]), None, 4, 128, k, tiled=True)
+
+
+WORKLOADS = {"gdn_conv": _gdn_conv, "nvfp4": _nvfp4, "int4": _int4, "merge_lse": _merge_lse, "norms": _norms, "gdn_step": _gdn_step, "kv": _kv}
 
 
 def test_kernels_compile_for_the_gpus():
