@@ -25,7 +25,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 TARGETS = {"sm_90": 90, "sm_120": 120}
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.uint8: "u8",
-         torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+         torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv"}
 COMPILE = """
 import json, sys
 import importlib
@@ -174,7 +174,19 @@ def _int4():
     int_linear.dequantize(*cuda_ops.tile_int4(p["qweight"], p["scale"]), None, 4, 128, k, tiled=True)
 
 
-WORKLOADS = {"gdn_conv": _gdn_conv, "nvfp4": _nvfp4, "int4": _int4, "merge_lse": _merge_lse, "norms": _norms, "gdn_step": _gdn_step, "kv": _kv}
+def _pack_quantizers():
+    """ninfer-pack's GPU quantizers (--device cuda): NVFP4 and groupwise-int slabs."""
+    from ninfer_pack.quant.int_triton import triton_int_slab
+    from ninfer_pack.quant.nvfp4 import global_scale_of
+    from ninfer_pack.quant.nvfp4_triton import triton_slab
+
+    w = torch.randn(8, 256, dtype=torch.bfloat16) * 0.02
+    triton_slab(w, global_scale_of([w]))
+    for bits, symmetric in ((4, True), (8, False)):
+        triton_int_slab(w, bits, 128, symmetric)
+
+
+WORKLOADS = {"gdn_conv": _gdn_conv, "nvfp4": _nvfp4, "int4": _int4, "pack_quantizers": _pack_quantizers, "merge_lse": _merge_lse, "norms": _norms, "gdn_step": _gdn_step, "kv": _kv}
 
 
 def test_kernels_compile_for_the_gpus():
