@@ -234,18 +234,23 @@ def attention(device: str, dtype, heads, contexts, batches, ceil: dict, time_it:
     return rows
 
 
+def _filled_pool(ctx: int, hkv: int, dim: int, device: str) -> tuple[BlockPool, list[int]]:
+    """A one-layer INT8 pool of 64-token blocks holding `ctx` random tokens -> (pool, its block table)."""
+    blocks = list(range(-(-ctx // 64)))
+    pool = BlockPool(KVLayout(1, hkv, dim, 64, "int8"), len(blocks), device=device)
+    kv = torch.randn(ctx, hkv, dim, device=device)
+    pool.write(0, blocks, 0, kv, kv.flip(0))
+    return pool, blocks
+
+
 def prefill_attention(device: str, dtype, heads, cases, ceil: dict, time_it: bool) -> list[dict]:
     """A prefill chunk of T queries at the end of an L-token context (causal), FLOPs vs the ceiling;
     the peer is SDPA (flash) over the same context in bf16, square causal (T = L) cases only."""
     hq, hkv, dim = heads
-    bs = 64
     rows = []
     for t, ctx in cases:
-        blocks = -(-ctx // bs)
-        pool = BlockPool(KVLayout(1, hkv, dim, bs, "int8"), blocks, device=device)
-        kv = torch.randn(ctx, hkv, dim, device=device)
-        pool.write(0, list(range(blocks)), 0, kv, kv.flip(0))
-        table = torch.arange(blocks, dtype=torch.int32, device=device)[None]
+        pool, blocks = _filled_pool(ctx, hkv, dim, device)
+        table = torch.tensor(blocks, dtype=torch.int32, device=device)[None]
         lens = torch.tensor([ctx], dtype=torch.int32, device=device)
         q = torch.randn(1, t, hq, dim, device=device).to(dtype)
         got = paged_attention(q, pool, 0, table, lens)
@@ -259,11 +264,11 @@ def prefill_attention(device: str, dtype, heads, cases, ceil: dict, time_it: boo
             row["ms"] = _bench(lambda: paged_attention(q, pool, 0, table, lens))
             row["TFLOP_s"] = flops / row["ms"] / 1e9
             row["of_flop_ceiling"] = row["TFLOP_s"] / ceil["bf16_TFLOP_s"]
-            blocks_list = table[0].tolist()  # what the engine runs for chunks > 64 rows: decode KV once + flash
-            row["dense_ms"] = _bench(lambda: dense_prefill(q[0], pool, 0, blocks_list, ctx))
+            # what the engine runs for chunks > 64 rows: decode KV once + flash
+            row["dense_ms"] = _bench(lambda: dense_prefill(q[0], pool, 0, blocks, ctx))
             # its K/V decode alone, one head: kv_read's kernel (stop 31) and the pool's torch form before it
             row["read_head_ms"] = _bench(lambda: kv_read.read_head(pool, 0, table[0], ctx, 0, dtype))
-            row["read_head_torch_ms"] = _bench(lambda: pool.read_head(0, blocks_list, ctx, 0, dtype))
+            row["read_head_torch_ms"] = _bench(lambda: pool.read_head(0, blocks, ctx, 0, dtype))
             row["read_head_GB_s"] = ctx * dim * 2 * (1 + 2 / 64 + 2) / row["read_head_ms"] / 1e6
             row["dense_TFLOP_s"] = flops / row["dense_ms"] / 1e9
             if t == ctx:
@@ -283,12 +288,9 @@ def prefill_attention_ab(device: str, dtype, heads=(24, 4, 256),
     TFLOP/s, each mode's error against "masked", and the shape's first call (first_call_ms: what a new
     chunk or turn pays on top, cuDNN's plan build included; masked's first call is the reference's, before)."""
     hq, hkv, dim = heads
-    bs, rows = 64, []
+    rows = []
     for t, ctx in cases:
-        blocks = list(range(-(-ctx // bs)))
-        pool = BlockPool(KVLayout(1, hkv, dim, bs, "int8"), len(blocks), device=device)
-        kv = torch.randn(ctx, hkv, dim, device=device)
-        pool.write(0, blocks, 0, kv, kv.flip(0))
+        pool, blocks = _filled_pool(ctx, hkv, dim, device)
         q = torch.randn(t, hq, dim, device=device).to(dtype)
         flops = 4 * hq * dim * (t * (ctx - t) + t * (t + 1) / 2)
         want = dense_prefill(q, pool, 0, blocks, ctx, "masked")
@@ -350,27 +352,22 @@ def gdn(device: str, ceil: dict, time_it: bool) -> list[dict]:
 
 def _gdn_conv(t: int, channels: int, device: str, time_it: bool, ceil: dict) -> dict:
     """The chunk's causal conv + SiLU (kernels/gdn_conv.py on a GPU) against the model's torch form
-    (cat, depthwise F.conv1d, SiLU): its error, and on a GPU both times and the kernel's share of copy
+    (gated_delta.conv_silu_reference): its error, and on a GPU both times and the kernel's share of copy
     (x read, the output written once)."""
-    x = torch.randn(t, channels, device=device).to(torch.bfloat16 if device == "cuda" else torch.float16)
-    history = torch.randn(3, channels, device=device).to(x.dtype)
-    weight = (torch.randn(channels, 1, 4, device=device) * 0.5).to(x.dtype)
-
-    def torch_form():  # the model's (float32 on a CPU: its half conv1d is missing or slow)
-        padded = torch.cat((history, x))
-        compute = padded.dtype if device == "cuda" else torch.float32
-        return torch.nn.functional.silu(torch.nn.functional.conv1d(
-            padded.T[None].to(compute), weight.to(compute), groups=channels)[0].T)
-
     if device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return {}
     from ninfer_run.kernels import gdn_conv
 
-    row = {"conv_rel_err": _rel(gdn_conv.causal_conv_silu(x, history, weight), torch_form())}
+    # float32 on a CPU: its half conv1d is slow
+    x = torch.randn(t, channels, device=device).to(torch.bfloat16 if device == "cuda" else torch.float32)
+    history = torch.randn(3, channels, device=device).to(x.dtype)
+    weight = (torch.randn(channels, 1, 4, device=device) * 0.5).to(x.dtype)
+    row = {"conv_rel_err": _rel(gdn_conv.causal_conv_silu(x, history, weight),
+                                gated_delta.conv_silu_reference(x, history, weight))}
     if time_it:
         row["conv_ms"] = _bench(lambda: gdn_conv.causal_conv_silu(x, history, weight))
-        row["conv_torch_ms"] = _bench(torch_form)
-        row["conv_of_roofline"] = 2 * x.numel() * 2 / (ceil["copy_GB_s"] * 1e6) / row["conv_ms"]
+        row["conv_torch_ms"] = _bench(lambda: gated_delta.conv_silu_reference(x, history, weight))
+        row["conv_of_roofline"] = 2 * x.numel() * x.element_size() / (ceil["copy_GB_s"] * 1e6) / row["conv_ms"]
     return row
 
 

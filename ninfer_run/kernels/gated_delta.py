@@ -124,6 +124,22 @@ def gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.
     return gdn_gates(a, b, a_log, dt_bias)
 
 
+def conv_silu_reference(x: torch.Tensor, history: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The layer's causal depthwise conv and SiLU over T rows x [T, C] after the K-1 inputs before them,
+    history [K-1, C]; weight [C, 1, K] -> [T, C] in x's dtype."""
+    padded = torch.cat((history, x), dim=0)
+    return F.silu(F.conv1d(padded.T[None], weight, groups=weight.shape[0])[0].T)
+
+
+def conv_silu(x: torch.Tensor, history: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`conv_silu_reference`'s contract; one Triton kernel on CUDA (kernels/gdn_conv.py: no cat, one pass)."""
+    if not x.is_cuda:
+        return conv_silu_reference(x, history, weight)
+    from .gdn_conv import causal_conv_silu
+
+    return causal_conv_silu(x, history, weight)
+
+
 MAX_PROJECTED_ROWS = 16  # decode rows (C <= 8, MTP verification) take the fused kernel; more, cuBLAS
 
 

@@ -1,6 +1,6 @@
 """Gated DeltaNet's causal depthwise conv + SiLU over a prefill chunk as one Triton kernel (GPU).
 
-The torch form (Qwen3_5._gdn_sequence elsewhere) concatenates the sequence's last K-1 inputs before
+The torch form (gated_delta.conv_silu_reference, the model's elsewhere) concatenates the sequence's last K-1 inputs before
 the chunk, runs F.conv1d with groups = channels (aten's depthwise path: ~0.9 ms for an 8K chunk of
 the 27B's 10,240 channels on the H200, stop 13's 100K profile: 0.55 s of 16.6 s) and SiLU: three
 passes over [T, C] and a copy. Here each program reads a [BT, BC] tile and the K-1 rows above it
@@ -41,7 +41,7 @@ def _causal_conv_silu_kernel(x_ptr, history_ptr, weight_ptr, out_ptr, T, C, x_ro
 def causal_conv_silu(x: torch.Tensor, history: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [T, C] (rows may be strided: a slice of a fused projection), history [K-1, C] (the inputs
     before x), depthwise weight [C, 1, K] -> silu(conv1d([history | x]))[T, C] contiguous, x's dtype:
-    the reference's F.silu(F.conv1d(cat(history, x).T[None], weight, groups=C)[0].T)."""
+    gated_delta.conv_silu_reference's contract."""
     t, c = x.shape
     km1 = weight.shape[-1] - 1
     if history.shape != (km1, c) or weight.shape[0] != c or x.stride(1) != 1:

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernels.gated_delta import gated_delta_rule, gated_delta_step, gates, projected_gates
+from ..kernels.gated_delta import (
+    conv_silu,
+    conv_silu_reference,
+    gated_delta_rule,
+    gated_delta_step,
+    gates,
+    projected_gates,
+)
 from ..layers import (
     add_rms_norm,
     add_rms_norm_linear_group,
@@ -148,15 +155,9 @@ class Model(CausalLM):
         """T tokens of one sequence: causal depthwise conv over [previous K-1 inputs | new], SiLU, delta rule."""
         k = self.cfg.conv_kernel
         history = state.conv.get(i, torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype, device=qkv.device))
-        weight = self._conv_weight(i, qkv.dtype)
-        if qkv.is_cuda and not state.keep_steps:  # a prefill chunk: one kernel (a verify keeps each window)
-            from ..kernels import gdn_conv  # Triton: GPU installs only
-
-            conv = gdn_conv.causal_conv_silu(qkv, history, weight)
-            padded = torch.cat((history, qkv[-(k - 1):]), dim=0)  # only the new window's rows
-        else:
-            padded = torch.cat((history, qkv), dim=0)
-            conv = F.silu(F.conv1d(padded.T[None], weight, groups=weight.shape[0])[0].T)
+        # a verify (a few rows) keeps the torch form and every window; a chunk keeps only its last window
+        conv = (conv_silu_reference if state.keep_steps else conv_silu)(qkv, history, self._conv_weight(i, qkv.dtype))
+        padded = torch.cat((history, qkv if state.keep_steps else qkv[-(k - 1):]), dim=0)
         _store(state.conv, i, padded[-(k - 1):])
         s = state.recurrent.get(i, self._zero_state(qkv.device))
         out, final, states = gated_delta_rule(*self._split_heads(conv), g, beta, s, keep_steps=state.keep_steps)
