@@ -24,7 +24,9 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     decode captures its own graphs); with --ab-fused-norm, likewise with the one-row layer norms staged
     by the GEMV after them and with a norm kernel of their own (cuda_ops.FUSED_NORM flipped); with
     --ab-fused-glu, with SwiGLU's SiLU-mul written by gate and up's launch and by a kernel of its own
-    (cuda_ops.FUSED_GLU flipped); with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone streamed
+    (cuda_ops.FUSED_GLU flipped); with --ab-triton-pdl, with the step's Triton kernels launched as
+    programmatic dependents of the kernel ahead and as plain launches (kernels.common.TRITON_PDL flipped);
+    with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone streamed
     through NAME (cuda_ops.MLP_PIPELINE); with --ab-prefill-attention MODE, each prefill (the longest with
     its next turns) in the default long-chunk attention and in MODE, back to back (prefill_modes).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
@@ -56,6 +58,7 @@ from ninfer_pack.quant import quantize_tensor  # noqa: E402
 from ninfer_registry import load as registry_entry  # noqa: E402
 from ninfer_registry import scheme_classes  # noqa: E402
 from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
+from ninfer_run.kernels import common as kernel_common  # noqa: E402
 from ninfer_run.kernels import cuda_ops, gated_delta, prefill_modes  # noqa: E402
 from ninfer_run.kernels.common import counting_compiles  # noqa: E402
 from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
@@ -472,23 +475,24 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
                   f"accept {row['acceptance']}", flush=True)
     # each concurrency with cuda_ops' setting as it is and flipped, back to back (adjacent runs: the
     # machine's drift over the run stays out of the A/B)
-    flips = [("pipeline", "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []
-    flips += [("fused norm", "FUSED_NORM", not cuda_ops.FUSED_NORM)] if args.ab_fused_norm else []
-    flips += [("fused glu", "FUSED_GLU", not cuda_ops.FUSED_GLU)] if args.ab_fused_glu else []
-    flips += [("mlp pipeline", "MLP_PIPELINE", args.ab_mlp_pipeline)] if args.ab_mlp_pipeline else []
-    for label, name, other in flips:
-        default = getattr(cuda_ops, name)
+    flips = [("pipeline", cuda_ops, "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []
+    flips += [("fused norm", cuda_ops, "FUSED_NORM", not cuda_ops.FUSED_NORM)] if args.ab_fused_norm else []
+    flips += [("fused glu", cuda_ops, "FUSED_GLU", not cuda_ops.FUSED_GLU)] if args.ab_fused_glu else []
+    flips += [("mlp pipeline", cuda_ops, "MLP_PIPELINE", args.ab_mlp_pipeline)] if args.ab_mlp_pipeline else []
+    flips += [("triton pdl", kernel_common, "TRITON_PDL", not kernel_common.TRITON_PDL)] if args.ab_triton_pdl else []
+    for label, module, name, other in flips:
+        default = getattr(module, name)
         try:
             for c in args.concurrency:
                 for value in (default, other):
-                    setattr(cuda_ops, name, value)
+                    setattr(module, name, value)
                     row = decode(model, c, args.new_tokens, 512) | {"variant": f"{label} {value}"}
                     p["decode"].append(row)
                     save()
                     print(f"[{profile}] decode C={c} ({label} {value}): {row['tok_s']:.1f} tok/s{_step_split(row)}",
                           flush=True)
         finally:
-            setattr(cuda_ops, name, default)
+            setattr(module, name, default)
     decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
     if model.has_mtp and not args.no_mtp:  # a speculative step's device and host time: head drafts and observe, verify
         decode(model, 1, 8, 512, draft_tokens=3, forced=True, profile_to=args.out / "decode_profile_mtp.txt")
@@ -523,6 +527,9 @@ def main() -> None:
                         help="also decode each concurrency with the MLP's NVFP4 GEMVs streamed this way (an A/B)")
     parser.add_argument("--ab-fused-glu", action="store_true",
                         help="also decode each concurrency with SwiGLU's SiLU-mul in gate and up's launch and not")
+    parser.add_argument("--ab-triton-pdl", action="store_true",
+                        help="also decode each concurrency with the step's Triton kernels launched as programmatic "
+                             "dependents and not (NINFER_TRITON_PDL)")
     parser.add_argument("--ab-prefill-attention", choices=prefill_modes.MODES, default=None,
                         help="also time each prefill with the long chunks' attention in the default mode and in this "
                              "one, back to back (NINFER_PREFILL_ATTENTION)")

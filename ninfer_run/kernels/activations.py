@@ -12,15 +12,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import EARLY_LAUNCH, launch_dependents
+from .common import EARLY_LAUNCH, launch_dependents, programmatic, wait_for_inputs
 from .norms import _round
 
 BLOCK = 1024
 
 
 @triton.jit(do_not_specialize=["n"])  # one compile for every chunk's length
-def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr, EARLY: tl.constexpr):
+def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     launch_dependents(EARLY)  # the down projection's GEMV streams its weights meanwhile
+    wait_for_inputs(PDL)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
     dtype = y_ptr.dtype.element_ty
@@ -34,5 +35,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """layers.silu_mul's contract, one kernel."""
     gate, up = gate.contiguous(), up.contiguous()
     y = torch.empty_like(gate)
-    _silu_mul_kernel[(triton.cdiv(gate.numel(), BLOCK),)](gate, up, y, gate.numel(), BLOCK=BLOCK, EARLY=EARLY_LAUNCH)
+    _silu_mul_kernel[(triton.cdiv(gate.numel(), BLOCK),)](gate, up, y, gate.numel(), BLOCK=BLOCK, EARLY=EARLY_LAUNCH,
+                                                         **programmatic(gate.device))
     return y

@@ -1,9 +1,11 @@
 """Pieces the Triton kernels share: how far to split K, the split-K store, the early launch of the
-kernel that follows, and a count of the kernel specializations a block of work first used."""
+kernel that follows, the programmatic launch of a kernel behind the one before it, and a count of the
+kernel specializations a block of work first used."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -13,12 +15,20 @@ import triton
 import triton.language as tl
 
 try:
-    from triton.language.extra.cuda import gdc_launch_dependents
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # a Triton without grid dependency control
-    gdc_launch_dependents = None
+    gdc_launch_dependents = gdc_wait = None
 
 # Whether launch_dependents can run: compiled Triton (not its interpreter) that has the instruction.
 EARLY_LAUNCH = gdc_launch_dependents is not None and os.environ.get("TRITON_INTERPRET") != "1"
+try:  # whether this Triton's launcher takes launch_pdl (a compile option since Triton 3.3)
+    from triton.backends.nvidia.compiler import CUDAOptions
+    _HAS_LAUNCH_PDL = "launch_pdl" in CUDAOptions.__dataclass_fields__
+except ImportError:
+    _HAS_LAUNCH_PDL = False
+# Whether the Triton kernels of a step launch as programmatic dependents (NINFER_TRITON_PDL=0: as plain
+# launches). Read at each launch (bench.py --ab-triton-pdl flips it; a graph keeps what it captured).
+TRITON_PDL = os.environ.get("NINFER_TRITON_PDL", "1") != "0"
 
 
 @triton.jit
@@ -28,6 +38,32 @@ def launch_dependents(ENABLED: tl.constexpr):
     writes before it reads them. Any other next kernel waits for this one as usual."""
     if ENABLED:
         gdc_launch_dependents()
+
+
+@triton.jit
+def wait_for_inputs(ENABLED: tl.constexpr):
+    """A kernel launched as a programmatic dependent starts before the kernel ahead of it has finished:
+    it waits here, before its first read or write of memory that kernel (or any before it) may touch,
+    for that kernel's end and its writes. Every program passes here first, early exits included: a
+    kernel that could end before the one ahead of it would let the next one's wait pass too early."""
+    if ENABLED:
+        gdc_wait()
+
+
+@functools.cache
+def _hopper_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def programmatic(device: torch.device) -> dict:
+    """A step kernel's launch arguments: PDL (its constexpr: wait_for_inputs and launch_dependents run)
+    and Triton's launch_pdl, both on for compiled Triton on a Hopper or later GPU while TRITON_PDL.
+    A plain launch starts only once the kernel ahead has ended and the launch has gone through (~2.6 us
+    a boundary between a persistent GEMV and a Triton kernel: gpu_notes stop 25), and a decode step
+    has ~250 such boundaries; a programmatic one is resident and waiting when the kernel ahead ends."""
+    on = (TRITON_PDL and EARLY_LAUNCH and _HAS_LAUNCH_PDL and device.type == "cuda"
+          and _hopper_or_later(device.index if device.index is not None else torch.cuda.current_device()))
+    return {"PDL": on, "launch_pdl": True} if on else {"PDL": False}
 
 
 def split_k(x: torch.Tensor, n_blocks: int, k_steps: int, programs: int | None) -> int:

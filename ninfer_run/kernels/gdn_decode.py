@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import launch_dependents, programmatic, wait_for_inputs
+
 
 @triton.jit
 def _padded_row(window, x, p, C, cols, ok, KM1: tl.constexpr):
@@ -31,7 +33,9 @@ def _padded_row(window, x, p, C, cols, ok, KM1: tl.constexpr):
 
 @triton.jit
 def _conv_step_kernel(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS,
-                      KM1: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr):
+                      KM1: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    launch_dependents(PDL)
+    wait_for_inputs(PDL)
     b, cb = tl.program_id(0), tl.program_id(1)
     cols = cb * BLOCK + tl.arange(0, BLOCK)
     ok = cols < C
@@ -65,13 +69,17 @@ def conv_step(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, slot
     block = 256
     _conv_step_kernel[(rows // tokens, triton.cdiv(c, block))](
         x.contiguous(), windows, weight.contiguous(), slots, out, keep if keep is not None else windows, c, tokens,
-        keep.shape[1] if keep is not None else 0, KM1=windows.shape[1], KEEP=keep is not None, BLOCK=block)
+        keep.shape[1] if keep is not None else 0, KM1=windows.shape[1], KEEP=keep is not None, BLOCK=block,
+        **programmatic(x.device))
     return out
 
 
 @triton.jit
 def _recurrent_step_kernel(conv_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS,
-                           HK, HV, scale, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, KEEP: tl.constexpr):
+                           HK, HV, scale, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, KEEP: tl.constexpr,
+                           PDL: tl.constexpr):
+    launch_dependents(PDL)
+    wait_for_inputs(PDL)
     b, h, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kh = h // (HV // HK)  # the value head's key head (transformers' repeat_interleave)
     dk = tl.arange(0, DK)
@@ -121,5 +129,6 @@ def recurrent_step(conv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, stat
     _recurrent_step_kernel[(rows // tokens, hv, dv // bv)](
         conv.contiguous(), g.float().contiguous(), beta.float().contiguous(), states, slots, out,
         keep if keep is not None else states, conv.shape[1], tokens, keep.shape[1] if keep is not None else 0,
-        key_heads, hv, dk**-0.5, DK=dk, DV=dv, BV=bv, KEEP=keep is not None, **launch_options)
+        key_heads, hv, dk**-0.5, DK=dk, DV=dv, BV=bv, KEEP=keep is not None, **launch_options,
+        **programmatic(conv.device))
     return out

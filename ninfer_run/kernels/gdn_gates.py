@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import launch_dependents, programmatic, wait_for_inputs
 from .gated_delta import MAX_PROJECTED_ROWS
 
 
@@ -30,7 +31,9 @@ def _gate_values(a, b, alog, dt):
 
 
 @triton.jit
-def _gates_kernel(a_ptr, b_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, H, BLOCK: tl.constexpr):
+def _gates_kernel(a_ptr, b_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, H, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    launch_dependents(PDL)
+    wait_for_inputs(PDL)
     row = tl.program_id(0)
     h = tl.arange(0, BLOCK)
     ok = h < H
@@ -43,12 +46,16 @@ def _gates_kernel(a_ptr, b_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, H, BLOCK: tl.
 
 
 @triton.jit
-def _projected_gates_kernel(x_ptr, w_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, K, H, BLOCK_K: tl.constexpr):
+def _projected_gates_kernel(x_ptr, w_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, K, H, BLOCK_K: tl.constexpr,
+                            PDL: tl.constexpr):
+    launch_dependents(PDL)
     h, t = tl.program_id(0), tl.program_id(1)  # head h (row h of W_a, row H + h of W_b), row t of x
     k = tl.arange(0, BLOCK_K)
     ok = k < K
+    # the weights (written once, at load) are read while the kernel ahead may still run
     wa = tl.load(w_ptr + h * K + k, mask=ok, other=0.0).to(tl.float32)
     wb = tl.load(w_ptr + (H + h) * K + k, mask=ok, other=0.0).to(tl.float32)
+    wait_for_inputs(PDL)
     x = tl.load(x_ptr + t * K + k, mask=ok, other=0.0)
     # the projection's output in x's dtype, as F.linear returns it, then the gates of gates_reference
     a = tl.sum(x.to(tl.float32) * wa, axis=0).to(x.dtype, fp_downcast_rounding="rtne")
@@ -64,7 +71,8 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: to
     a, b = a.contiguous(), b.contiguous()
     g = torch.empty(t, h, dtype=torch.float32, device=a.device)
     beta = torch.empty_like(g)
-    _gates_kernel[(t,)](a, b, a_log.contiguous(), dt_bias.contiguous(), g, beta, h, BLOCK=triton.next_power_of_2(h))
+    _gates_kernel[(t,)](a, b, a_log.contiguous(), dt_bias.contiguous(), g, beta, h, BLOCK=triton.next_power_of_2(h),
+                        **programmatic(a.device))
     return g, beta
 
 
@@ -78,5 +86,6 @@ def projected_gates(x: torch.Tensor, w_ab: torch.Tensor, a_log: torch.Tensor, dt
     g = torch.empty(t, h, dtype=torch.float32, device=x.device)
     beta = torch.empty_like(g)
     _projected_gates_kernel[(h, t)](x.contiguous(), w_ab.contiguous(), a_log.contiguous(), dt_bias.contiguous(), g,
-                                    beta, k, h, BLOCK_K=triton.next_power_of_2(k), num_warps=16)
+                                    beta, k, h, BLOCK_K=triton.next_power_of_2(k), num_warps=16,
+                                    **programmatic(x.device))
     return g, beta

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from ..kv.pool import BlockPool
 from ..kv.quant import GROUP
+from .common import launch_dependents, programmatic, wait_for_inputs
 
 
 @triton.jit
@@ -33,7 +34,9 @@ def _quantize_store(x_ptr, q_ptr, s_ptr, row, h, dest, H: tl.constexpr, D: tl.co
 
 @triton.jit(do_not_specialize=["layer"])  # (Triton would compile layer 1 apart)
 def _kv_write_kernel(k_ptr, v_ptr, slots_ptr, kq_ptr, ks_ptr, vq_ptr, vs_ptr, layer, SLOTS_PER_LAYER,
-                     H: tl.constexpr, D: tl.constexpr):
+                     H: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
+    launch_dependents(PDL)
+    wait_for_inputs(PDL)
     row, h = tl.program_id(0), tl.program_id(1)
     # flat (layer, block, offset); int64: a pool past 2^31 values wraps 32-bit offsets
     dest = (layer * SLOTS_PER_LAYER + tl.load(slots_ptr + row)).to(tl.int64)
@@ -46,4 +49,5 @@ def write_slots(pool: BlockPool, layer: int, slots: torch.Tensor, k: torch.Tenso
     rows, heads, dim = k.shape
     assert pool.layout.dtype == "int8" and dim % GROUP == 0
     _kv_write_kernel[(rows, heads)](k.contiguous(), v.contiguous(), slots, pool.k, pool.k_scale, pool.v, pool.v_scale,
-                                    layer, pool.num_blocks * pool.layout.block_size, H=heads, D=dim)
+                                    layer, pool.num_blocks * pool.layout.block_size, H=heads, D=dim,
+                                    **programmatic(k.device))

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import EARLY_LAUNCH, launch_dependents
+from .common import EARLY_LAUNCH, launch_dependents, programmatic, wait_for_inputs
 
 
 @triton.jit
@@ -72,8 +72,9 @@ def _norm_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, row, D
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, D, X_STRIDE, eps, offset, HEADS, RD,
                      BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
-                     RESIDUAL: tl.constexpr, ROPE: tl.constexpr, EARLY: tl.constexpr):
+                     RESIDUAL: tl.constexpr, ROPE: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     launch_dependents(EARLY)  # the GEMV after the norm streams its weights meanwhile
+    wait_for_inputs(PDL)
     _norm_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, tl.program_id(0), D, X_STRIDE, eps, offset,
               HEADS, RD, BLOCK, OFFSET, GATED, IN_DTYPE, RESIDUAL, ROPE)
 
@@ -81,9 +82,10 @@ def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr,
 @triton.jit(do_not_specialize=["Q_ROWS"])  # the chunk's q rows: one compile for any chunk length
 def _qk_norm_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, yq_ptr, yk_ptr, cos_ptr, sin_ptr, Q_ROWS, D, Q_STRIDE, K_STRIDE,
                          eps, offset, Q_HEADS, K_HEADS, RD, BLOCK: tl.constexpr, OFFSET: tl.constexpr,
-                         IN_DTYPE: tl.constexpr, EARLY: tl.constexpr):
+                         IN_DTYPE: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     """An attention layer's q rows (programs 0 .. Q_ROWS - 1), then its k rows: each normed and roped."""
     launch_dependents(EARLY)
+    wait_for_inputs(PDL)
     row = tl.program_id(0)
     if row < Q_ROWS:
         _norm_row(q_ptr, wq_ptr, q_ptr, yq_ptr, q_ptr, yq_ptr, cos_ptr, sin_ptr, row, D, Q_STRIDE, eps, offset, Q_HEADS,
@@ -122,7 +124,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, ga
                                      x.shape[-2] if rope is not None else 1, cos.shape[-1] if rope is not None else 0,
                                      BLOCK=triton.next_power_of_2(d), OFFSET=bool(offset), GATED=gate is not None,
                                      IN_DTYPE=in_dtype, RESIDUAL=residual is not None, ROPE=rope is not None,
-                                     EARLY=EARLY_LAUNCH, num_warps=_warps(d))
+                                     EARLY=EARLY_LAUNCH, num_warps=_warps(d), **programmatic(x.device))
     return (s.view(x.shape), y.view(x.shape)) if residual is not None else y.view(x.shape)
 
 
@@ -149,7 +151,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     _qk_norm_rope_kernel[(q2.shape[0] + k2.shape[0],)](
         q2, k2, q_weight.contiguous(), k_weight.contiguous(), yq, yk, cos, sin, q2.shape[0], d, q2.stride(0),
         k2.stride(0), eps, float(offset), q.shape[-2], k.shape[-2], cos.shape[-1], BLOCK=triton.next_power_of_2(d),
-        OFFSET=bool(offset), IN_DTYPE=True, EARLY=EARLY_LAUNCH, num_warps=_warps(d))
+        OFFSET=bool(offset), IN_DTYPE=True, EARLY=EARLY_LAUNCH, num_warps=_warps(d), **programmatic(q.device))
     return yq.view(q.shape), yk.view(k.shape)
 
 

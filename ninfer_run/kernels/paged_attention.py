@@ -23,6 +23,7 @@ from ..kv.pool import BlockPool
 from ..layers import causal_attention
 from . import kv_read
 from . import prefill_modes as modes
+from .common import launch_dependents, programmatic, wait_for_inputs
 from .norms import _round
 
 log = logging.getLogger("ninfer.attention")
@@ -181,7 +182,9 @@ def _dequant(x_ptr, s_ptr, slot, live, BS: tl.constexpr, D: tl.constexpr):
 def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_ptr, m_ptr, l_ptr,
                     layer, num_blocks, max_blocks, q_len, sm_scale,
                     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                    TOKENS: tl.constexpr, ROWS: tl.constexpr):
+                    TOKENS: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    launch_dependents(PDL)
+    wait_for_inputs(PDL)
     pid_bq, h, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_blocks = tl.cdiv(q_len, TOKENS)
     b, qb = pid_bq // q_blocks, pid_bq % q_blocks
@@ -230,7 +233,9 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr, o_
 
 @triton.jit(do_not_specialize=["parts"])  # compiled per power of two (P2), not per partition count
 def _merge_kernel(o_ptr, m_ptr, l_ptr, out_ptr, gate_ptr, gate_t, gate_h, HQ, parts,
-                  P2: tl.constexpr, D: tl.constexpr, GATED: tl.constexpr):
+                  P2: tl.constexpr, D: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
+    launch_dependents(PDL)  # the output projection's GEMV streams its weights meanwhile
+    wait_for_inputs(PDL)
     row = tl.program_id(0)
     p = tl.arange(0, P2)
     ok = p < parts
@@ -306,11 +311,12 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, block_tables: 
     _partial_kernel[(bsz * q_blocks, hkv, parts)](
         q.contiguous(), pool.k, pool.v, pool.k_scale, pool.v_scale, block_tables, seq_lens, o, m, lsum,
         layer, pool.num_blocks, max_blocks, q_len, dim ** -0.5, HQ=hq, HKV=hkv, D=dim, BS=bs,
-        TOKENS=tokens, ROWS=rows, **({"num_warps": 4} | (partial_options or {})))
+        TOKENS=tokens, ROWS=rows, **({"num_warps": 4} | (partial_options or {})), **programmatic(q.device))
     out = torch.empty(bsz * q_len * hq, dim, dtype=torch.float32 if gate is None else q.dtype, device=q.device)
     if gate is not None:
         assert gate.shape == (bsz * q_len, hq, dim) and gate.stride(-1) == 1
     g = gate if gate is not None else out
     _merge_kernel[(bsz * q_len * hq,)](o, m, lsum, out, g, g.stride(0), g.stride(1) if gate is not None else 0, hq,
-                                       parts, P2=triton.next_power_of_2(parts), D=dim, GATED=gate is not None)
+                                       parts, P2=triton.next_power_of_2(parts), D=dim, GATED=gate is not None,
+                                       **programmatic(q.device))
     return out.view(bsz, q_len, hq, dim)

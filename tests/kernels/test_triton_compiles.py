@@ -7,7 +7,8 @@ its wrapper on small inputs, the launch's argument types are read off, and a fre
 interpreter compiles each kernel ahead of time for each target to a cubin (Triton's own ptxas; the
 interpreter patches triton.language while it runs, so the compiler cannot share its process), and its
 shared memory checked against the target's per-block limit (the 5090 has less than half of Hopper's).
-Specialisation (divisibility by 16) is left out: the device may still vectorise differently."""
+Each kernel with grid-dependency flags (EARLY, PDL) is compiled with them on too, as a Hopper launches
+it. Specialisation (divisibility by 16) is left out: the device may still vectorise differently."""
 
 import json
 import os
@@ -47,6 +48,8 @@ for launch in job["launches"]:
                 failures[f"{launch['name']} {target}"] = "no cubin"
             elif compiled.metadata.shared > max_shared:  # it would compile, then fail to launch
                 failures[f"{launch['name']} {target}"] = f"{compiled.metadata.shared} B of shared memory > {max_shared}"
+            elif missing := [i for i in launch.get("ptx", []) if i not in compiled.asm["ptx"]]:
+                failures[f"{launch['name']} {target}"] = f"no {missing} in its PTX"
         except Exception as err:  # the compiler's message is the point
             failures[f"{launch['name']} {target}"] = f"{type(err).__name__}: {err}"[-2000:]
 print(json.dumps(failures))
@@ -80,6 +83,13 @@ def _launches(run) -> list[dict]:
         launch = {"module": self.fn.__module__, "name": self.fn.__name__, "signature": signature,
                   "constexprs": constexprs}
         seen.setdefault(json.dumps(launch, sort_keys=True), launch)  # a kernel once per variant
+        # and as the GPU launches it: the grid-dependency branches (launch_dependents, wait_for_inputs), which
+        # the interpreter never takes
+        gpu_flags = {name: True for name in ("EARLY", "PDL") if name in constexprs}
+        if gpu_flags:  # with the instructions they stand for in its PTX
+            expect = ["griddepcontrol.launch_dependents"] + (["griddepcontrol.wait"] if "PDL" in gpu_flags else [])
+            gpu = launch | {"constexprs": constexprs | gpu_flags, "ptx": expect}
+            seen.setdefault(json.dumps(gpu, sort_keys=True), gpu)
         return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     InterpretedFunction.run = capture
