@@ -371,6 +371,58 @@ def _gdn_conv(t: int, channels: int, device: str, time_it: bool, ceil: dict) -> 
     return row
 
 
+def prefill_small_ops(device: str, dtype, t: int, ceil: dict, time_it: bool) -> list[dict]:
+    """What a prefill chunk of t tokens runs besides the GEMMs, attention and GDN, at the 27B's widths (the
+    32K profile of stop 36: dequantization 4.7%, norms 4.3%, SiLU-mul 3.4% of the GPU time): each kernel's
+    error against its torch reference and, on a GPU, its time and bytes against copy. The GDN output norm
+    (48 heads of 128 a token) both ways: many rows a program (the default for a chunk) and one."""
+    from ninfer_run import layers
+    from ninfer_run.kernels import activations, norms
+
+    hidden, inter, heads, dv = (5120, 17408, 48, 128) if time_it else (256, 384, 4, 128)
+    x, h = (torch.randn(t, hidden, device=device).to(dtype) for _ in range(2))
+    w = (torch.randn(hidden, device=device) * 0.1).to(dtype)
+    o, gate = (torch.randn(t * heads, dv, device=device).to(dtype) for _ in range(2))
+    w_o = (torch.randn(dv, device=device) * 0.1 + 1).to(dtype)
+    g, u = (torch.randn(t, inter, device=device).to(dtype) for _ in range(2))
+    q, s8, s2 = _nvfp4_weight(2 * inter if time_it else 64, hidden, device)
+    tiled = cuda_ops.tile_nvfp4(q, s8)
+    n, k = q.shape[0], hidden
+    narrow_min = norms.NARROW_MIN_ROWS
+
+    def one_row_gated():
+        norms.NARROW_MIN_ROWS = 1 << 62
+        try:
+            return norms.gated_rms_norm(o, gate, w_o, 1e-6)
+        finally:
+            norms.NARROW_MIN_ROWS = narrow_min
+
+    if not time_it:  # a CPU check: the chunk's few rows take the narrow kernel too
+        norms.NARROW_MIN_ROWS = 1
+    try:
+        cases = [  # name, call, its torch reference, bytes it must move
+            ("add_rms_norm", lambda: norms.add_rms_norm(x, h, w, 1e-6, 1.0)[1],
+             lambda: layers.rms_norm_reference(x + h, w, 1e-6, 1.0), 4 * x.numel() * 2),
+            ("gated_rms_norm, rows a program", lambda: norms.gated_rms_norm(o, gate, w_o, 1e-6),
+             lambda: layers.gated_rms_norm_reference(o, gate, w_o, 1e-6), 3 * o.numel() * 2),
+            ("gated_rms_norm, one row a program", one_row_gated,
+             lambda: layers.gated_rms_norm_reference(o, gate, w_o, 1e-6), 3 * o.numel() * 2),
+            ("silu_mul", lambda: activations.silu_mul(g, u), lambda: layers.silu_mul_reference(g, u), 3 * g.numel() * 2),
+            ("nvfp4 dequantize (tiled)", lambda: nvfp4_linear.dequantize(*tiled, s2, tiled_shape=(n, k)),
+             lambda: nvfp4_linear.reference_dequantize(q, s8, s2), n * k // 2 + n * k // 16 + n * k * 2),
+        ]
+        rows = []
+        for name, call, reference, nbytes in cases:
+            row = {"op": name, "tokens": t, "rel_err": _rel(call(), reference())}
+            if time_it:
+                row["ms"] = _bench(call)
+                row["GB_s"] = nbytes / row["ms"] / 1e6
+            rows.append(row)
+        return rows
+    finally:
+        norms.NARROW_MIN_ROWS = narrow_min
+
+
 def _gdn_in_place(hk, hv, d, g, beta, state, device, on_gpu: bool):
     """The engine's decode step (kernels/gdn_decode.py: conv window + recurrence in place in a one-slot
     slab) -> (a function running it, its output's error vs the torch step on the same conv rows)."""
@@ -757,6 +809,8 @@ def main() -> None:
                              "and warps")
     parser.add_argument("--prefill-attention-ab", action="store_true",
                         help="only a long prefill chunk's attention in each NINFER_PREFILL_ATTENTION mode")
+    parser.add_argument("--prefill-small-ops", action="store_true",
+                        help="only a prefill chunk's norms, SiLU-mul and NVFP4 dequantization (8,192 tokens)")
     parser.add_argument("--attention-cells", nargs=2, type=int, metavar=("CONTEXT", "C"),
                         help="with --attention-sweep: this one context and batch at the default target "
                              "(e.g. under ncu: tools/gpu_check.sh ncu)")
@@ -786,6 +840,11 @@ def main() -> None:
                                  + (f" {r['ms']:8.2f} ms {r['TFLOP_s']:6.1f} TFLOP/s" if "ms" in r else "")
                                  + (f" first call {r['first_call_ms']:7.1f} ms" if "first_call_ms" in r else "")
                                  + (f" err {r['rel_err_vs_masked']:.1e}" if "rel_err_vs_masked" in r else ""))
+    if args.prefill_small_ops:
+        return _report(args.out, f"bench_prefill_small_ops_{gpu_tag()}", "prefill_small_ops",
+                       prefill_small_ops(device, dtype, 8192 if gpu else 64, ceil, gpu), ceil,
+                       lambda r: f"prefill op {r['op']:<34} T={r['tokens']} err {r['rel_err']:.1e}"
+                                 + (f" {r['ms'] * 1000:8.1f} us" if "ms" in r else ""))
     if args.gdn_sweep:
         return _report(args.out, f"bench_gdn_sweep_{gpu_tag()}", "gdn_sweep", gdn_sweep(device), ceil,
                        lambda r: f"gdn C={r['batch']} Dv block {r['value_block']:>3} x {r['warps']} warps "

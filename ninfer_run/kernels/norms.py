@@ -79,6 +79,27 @@ def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr,
               HEADS, RD, BLOCK, OFFSET, GATED, IN_DTYPE, RESIDUAL, ROPE)
 
 
+@triton.jit(do_not_specialize=["R"])
+def _narrow_rows_kernel(x_ptr, w_ptr, g_ptr, y_ptr, R, D, X_STRIDE, eps, offset, BLOCK: tl.constexpr,
+                        ROWS: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
+                        EARLY: tl.constexpr, PDL: tl.constexpr):
+    """_rms_norm_kernel's plain and gated norms (no residual, no RoPE) for ROWS narrow rows a program: a
+    prefill chunk's GDN output norm is 48 rows of 128 a token, ~393K one-row programs of 4 warps an 8K chunk."""
+    launch_dependents(EARLY)
+    wait_for_inputs(PDL)
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    d = tl.arange(0, BLOCK)[None, :]
+    ok = (r[:, None] < R) & (d < D)
+    dtype = y_ptr.dtype.element_ty
+    x = tl.load(x_ptr + r[:, None] * X_STRIDE + d, mask=ok, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, 1) / D + eps)
+    y = _weighted(x * rstd[:, None], w_ptr, d, d < D, offset, dtype, OFFSET, IN_DTYPE)
+    if GATED:
+        g = tl.load(g_ptr + r[:, None] * D + d, mask=ok, other=0.0).to(tl.float32)
+        y = y * (g / (1.0 + tl.exp(-g)))
+    tl.store(y_ptr + r[:, None] * D + d, y.to(dtype, fp_downcast_rounding="rtne"), mask=ok)
+
+
 @triton.jit(do_not_specialize=["Q_ROWS"])  # the chunk's q rows: one compile for any chunk length
 def _qk_norm_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, yq_ptr, yk_ptr, cos_ptr, sin_ptr, Q_ROWS, D, Q_STRIDE, K_STRIDE,
                          eps, offset, Q_HEADS, K_HEADS, RD, BLOCK: tl.constexpr, OFFSET: tl.constexpr,
@@ -108,6 +129,11 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
+# Rows of at most NARROW_COLUMNS columns, NARROW_MIN_ROWS or more of them (a prefill chunk's, not a decode
+# step's: those keep one row a program), go ROWS_PER_PROGRAM to a program (_narrow_rows_kernel).
+NARROW_COLUMNS, NARROW_MIN_ROWS, ROWS_PER_PROGRAM = 256, 2048, 32
+
+
 def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gate: torch.Tensor | None,
             in_dtype: bool, residual: torch.Tensor | None = None, rope: tuple | None = None):
     """-> normed (and, with `residual`, first the sum x + residual that was normalized); `rope`: (cos,
@@ -115,6 +141,13 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, ga
     d = x.shape[-1]
     x2 = _rows(x)
     g2 = gate.reshape(-1, d).contiguous() if gate is not None else x2
+    if residual is None and rope is None and d <= NARROW_COLUMNS and x2.shape[0] >= NARROW_MIN_ROWS:
+        y = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device)
+        _narrow_rows_kernel[(triton.cdiv(x2.shape[0], ROWS_PER_PROGRAM),)](
+            x2, weight.contiguous(), g2, y, x2.shape[0], d, x2.stride(0), eps, float(offset),
+            BLOCK=triton.next_power_of_2(d), ROWS=ROWS_PER_PROGRAM, OFFSET=bool(offset), GATED=gate is not None,
+            IN_DTYPE=in_dtype, EARLY=EARLY_LAUNCH, num_warps=4, **programmatic(x.device))
+        return y.view(x.shape)
     h2 = residual.reshape(-1, d).contiguous() if residual is not None else x2
     cos, sin = (t.contiguous() for t in rope) if rope is not None else (x2, x2)
     y = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device)

@@ -12,15 +12,16 @@ import torch
 # --prefill-attention-ab times them): "masked", one SDPA call per KV head with a bottom-right causal mask
 # (flash-attention 2, GQA); "split-flash" / "split-cudnn": the chunk's queries over the earlier keys with no mask,
 # the group's heads folded into one head's rows (one long plain attention, by flash or by cuDNN's fused kernel),
-# and over the chunk's own keys causal (square, flash), the two merged by their rows' log-sum-exps; "auto":
-# split-cudnn on Hopper, masked elsewhere. H100, stop 34 (bench_prefill_attention_stop34_h100.json), an 8,192-token
-# chunk of the 27B's heads after 16K / 49K / 100K tokens: masked 9.29 / 29.50 / 61.15 ms a layer (266-316
-# TFLOP/s), split-flash 10.07 / 31.45 / 61.36, split-cudnn 7.22 / 17.01 / 32.03 (343-603 TFLOP/s); a 100K
-# prompt's TTFT 14.64 s against masked's 17.0-17.5 s in five earlier H100 runs. The default stays masked until
-# the split's GPU tests and a same-machine TTFT A/B (a next turn's included: cuDNN plans a new shape on first
-# use) have run. memory.py counts the split's transients (~4 bf16 rows of a query group a chunk token) where it runs.
+# and over the chunk's own keys causal (square, flash), the two merged by their rows' log-sum-exps; "auto" (the
+# default): split-cudnn on Hopper, masked elsewhere. H100, stop 36 (bench_prefill_attention_stop36_h100.json), an
+# 8,192-token chunk of the 27B's heads after 16K / 49K / 100K tokens: masked 9.33 / 29.33 / 64.23 ms a layer,
+# split-flash 8.94 / 30.31 / 62.22, split-cudnn 6.20 / 15.81 / 31.58 (611 TFLOP/s at 100K); cuDNN's first call at
+# a shape (its plan build) 61-80 ms. Through the engine in one run (bench_stop36_h100.json): a 100K prompt's TTFT
+# 13.19 s split-cudnn against 15.94 s masked, the next turns (2,049 new tokens, each a new shape) 0.43 / 0.44 s
+# against 0.50 / 0.51. memory.py counts the split's transients (~4 bf16 rows of a query group a chunk token)
+# where it runs.
 MODES = ("auto", "masked", "split-flash", "split-cudnn")
-PREFILL_ATTENTION = os.environ.get("NINFER_PREFILL_ATTENTION", "masked")
+PREFILL_ATTENTION = os.environ.get("NINFER_PREFILL_ATTENTION", "auto")
 if PREFILL_ATTENTION not in MODES:
     raise ValueError(f"NINFER_PREFILL_ATTENTION={PREFILL_ATTENTION!r}: one of {MODES}")
 cudnn_refused: list[str] = []  # why cuDNN's attention failed on this machine (masked from then on)

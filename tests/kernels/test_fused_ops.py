@@ -76,6 +76,29 @@ def test_gated_rms_norm_matches_reference(weight_dtype):
     assert got.dtype == want.dtype and _rel(got, want) < 4e-3
 
 
+@pytest.mark.parametrize("gated,offset,strided", [(True, 0.0, False), (False, 1.0, True), (False, 0.0, False)])
+def test_narrow_rows_many_a_program_match_reference(gated, offset, strided, monkeypatch):
+    """A prefill chunk's narrow rows (the GDN output norm's 128 columns) go many to a program: the same
+    values as the reference and as one row a program (74 rows: two full programs and a partial one;
+    strided: every other 128 columns of wider rows, read in place)."""
+    g = torch.Generator().manual_seed(9)
+    wide = (torch.randn(37, 2, 256, generator=g) * 3).to(DEVICE, DTYPE)
+    x = wide[..., :128] if strided else wide[..., :128].contiguous()
+    gate = (torch.randn(37, 2, 128, generator=g) * 2).to(DEVICE, DTYPE)
+    w = (torch.randn(128, generator=g) * 0.1 + (0 if offset else 1)).to(DEVICE, DTYPE)
+
+    def norm():
+        return norms.gated_rms_norm(x, gate, w, 1e-6) if gated else norms.rms_norm(x, w, 1e-6, offset)
+
+    one_row = norm()
+    monkeypatch.setattr(norms, "NARROW_MIN_ROWS", 64)
+    got = norm()
+    want = (layers.gated_rms_norm_reference(x, gate, w, 1e-6) if gated
+            else layers.rms_norm_reference(x, w, 1e-6, offset))
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert _rel(got, want) < 4e-3 and _rel(got, one_row) < 2e-3
+
+
 @pytest.mark.parametrize("rows", [1, 37])
 def test_gdn_gates_match_reference(rows):
     """The fused GDN gates (log-decay and beta) vs the torch form, including softplus above its threshold."""

@@ -122,6 +122,8 @@ def _norms():
     norms.rms_norm(x, w, 1e-6, 1.0)
     norms.add_rms_norm(x, h, w, 1e-6, 1.0)
     norms.gated_rms_norm(x, gate, w, 1e-6)
+    narrow = torch.randn(norms.NARROW_MIN_ROWS, 128, dtype=torch.bfloat16)  # a prefill chunk's: many a program
+    norms.gated_rms_norm(narrow, narrow, w[:128], 1e-6)
     q, k = torch.randn(3, 4, 256, dtype=torch.bfloat16), torch.randn(3, 2, 256, dtype=torch.bfloat16)
     cos, sin = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16)
     norms.qk_norm_rope(q, k, w, w, 1e-6, 1.0, cos, sin)
