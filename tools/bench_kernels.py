@@ -371,11 +371,23 @@ def _gdn_conv(t: int, channels: int, device: str, time_it: bool, ceil: dict) -> 
     return row
 
 
+def _silu_mul_blocked(gate, up, block: int):
+    """activations.silu_mul with `block` elements a program (its BLOCK) for this call."""
+    from ninfer_run.kernels import activations
+
+    default, activations.BLOCK = activations.BLOCK, block
+    try:
+        return activations.silu_mul(gate, up)
+    finally:
+        activations.BLOCK = default
+
+
 def prefill_small_ops(device: str, dtype, t: int, ceil: dict, time_it: bool) -> list[dict]:
     """What a prefill chunk of t tokens runs besides the GEMMs, attention and GDN, at the 27B's widths (the
     32K profile of stop 36: dequantization 4.7%, norms 4.3%, SiLU-mul 3.4% of the GPU time): each kernel's
     error against its torch reference and, on a GPU, its time and bytes against copy. The GDN output norm
-    (48 heads of 128 a token) both ways: many rows a program (the default for a chunk) and one."""
+    (48 heads of 128 a token) both ways: many rows a program (the default for a chunk) and one; SiLU-mul and
+    the dequantization at their default work a program (listed first) and others."""
     from ninfer_run import layers
     from ninfer_run.kernels import activations, norms
 
@@ -407,10 +419,15 @@ def prefill_small_ops(device: str, dtype, t: int, ceil: dict, time_it: bool) -> 
              lambda: layers.gated_rms_norm_reference(o, gate, w_o, 1e-6), 3 * o.numel() * 2),
             ("gated_rms_norm, one row a program", one_row_gated,
              lambda: layers.gated_rms_norm_reference(o, gate, w_o, 1e-6), 3 * o.numel() * 2),
-            ("silu_mul", lambda: activations.silu_mul(g, u), lambda: layers.silu_mul_reference(g, u), 3 * g.numel() * 2),
-            ("nvfp4 dequantize (tiled)", lambda: nvfp4_linear.dequantize(*tiled, s2, tiled_shape=(n, k)),
-             lambda: nvfp4_linear.reference_dequantize(q, s8, s2), n * k // 2 + n * k // 16 + n * k * 2),
         ]
+        # SiLU-mul by elements a program, the dequantization by (rows, columns) a program: the defaults first
+        cases += [(f"silu_mul, {block} a program", functools.partial(_silu_mul_blocked, g, u, block),
+                   lambda: layers.silu_mul_reference(g, u), 3 * g.numel() * 2)
+                  for block in (activations.BLOCK, 2048, 4096)]
+        cases += [(f"nvfp4 dequantize (tiled), {bn}x{bk}",
+                   functools.partial(nvfp4_linear.dequantize, *tiled, s2, block_n=bn, block_k=bk, tiled_shape=(n, k)),
+                   lambda: nvfp4_linear.reference_dequantize(q, s8, s2), n * k // 2 + n * k // 16 + n * k * 2)
+                  for bn, bk in ((64, 256), (32, 256), (64, 128), (128, 128), (32, 512))]
         rows = []
         for name, call, reference, nbytes in cases:
             row = {"op": name, "tokens": t, "rel_err": _rel(call(), reference())}
