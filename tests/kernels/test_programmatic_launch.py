@@ -12,15 +12,15 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-pytestmark = pytest.mark.gpu
 import triton.language as tl  # noqa: E402
 
 from ninfer_run.kernels import activations, common, gdn_decode, gdn_gates, kv_write, norms  # noqa: E402
 from ninfer_run.kernels.paged_attention import paged_attention  # noqa: E402
 from ninfer_run.kv.pool import BlockPool, KVLayout  # noqa: E402
 
-if not (torch.cuda.is_available() and common.programmatic(torch.device("cuda"))["PDL"]):
-    pytest.skip("programmatic launches need compiled Triton on a Hopper or later GPU", allow_module_level=True)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not (torch.cuda.is_available() and common.programmatic(torch.device("cuda"))["PDL"]),
+    reason="programmatic launches need compiled Triton on a Hopper or later GPU")]
 
 DELAY_NS = 1_000_000
 
