@@ -424,10 +424,12 @@ def prefill_small_ops(device: str, dtype, t: int, ceil: dict, time_it: bool) -> 
         cases += [(f"silu_mul, {block} a program", functools.partial(_silu_mul_blocked, g, u, block),
                    lambda: layers.silu_mul_reference(g, u), 3 * g.numel() * 2)
                   for block in (activations.BLOCK, 2048, 4096)]
-        cases += [(f"nvfp4 dequantize (tiled), {bn}x{bk}",
-                   functools.partial(nvfp4_linear.dequantize, *tiled, s2, block_n=bn, block_k=bk, tiled_shape=(n, k)),
+        cases += [(f"nvfp4 dequantize (tiled), {bn}x{bk}, {warps} warps",
+                   functools.partial(nvfp4_linear.dequantize, *tiled, s2, block_n=bn, block_k=bk, tiled_shape=(n, k),
+                                     num_warps=warps),
                    lambda: nvfp4_linear.reference_dequantize(q, s8, s2), n * k // 2 + n * k // 16 + n * k * 2)
-                  for bn, bk in ((64, 256), (32, 256), (64, 128), (128, 128), (32, 512))]
+                  for bn, bk, warps in ((64, 256, 4), (64, 256, 8), (32, 256, 4), (64, 128, 4), (128, 128, 8),
+                                        (32, 512, 8))]
         rows = []
         for name, call, reference, nbytes in cases:
             row = {"op": name, "tokens": t, "rel_err": _rel(call(), reference())}
@@ -860,7 +862,7 @@ def main() -> None:
     if args.prefill_small_ops:
         return _report(args.out, f"bench_prefill_small_ops_{gpu_tag()}", "prefill_small_ops",
                        prefill_small_ops(device, dtype, 8192 if gpu else 64, ceil, gpu), ceil,
-                       lambda r: f"prefill op {r['op']:<34} T={r['tokens']} err {r['rel_err']:.1e}"
+                       lambda r: f"prefill op {r['op']:<44} T={r['tokens']} err {r['rel_err']:.1e}"
                                  + (f" {r['ms'] * 1000:8.1f} us" if "ms" in r else ""))
     if args.gdn_sweep:
         return _report(args.out, f"bench_gdn_sweep_{gpu_tag()}", "gdn_sweep", gdn_sweep(device), ceil,

@@ -135,12 +135,14 @@ def gemv(x: torch.Tensor, qweight, block_scale, global_scale, block_n: int = 64,
 
 
 def dequantize(qweight, block_scale, global_scale, out: torch.Tensor | None = None, dtype=torch.bfloat16,
-               block_n: int = 64, block_k: int = 256, tiled_shape: tuple[int, int] | None = None) -> torch.Tensor:
+               block_n: int = 64, block_k: int = 256, tiled_shape: tuple[int, int] | None = None,
+               num_warps: int = 4) -> torch.Tensor:
     """-> [N, K] in `dtype` (into `out` when given, e.g. a reused prefill buffer). `tiled_shape`: (N, K) of
-    qweight, block_scale in cuda_ops.tile_nvfp4's layout."""
+    qweight, block_scale in cuda_ops.tile_nvfp4's layout. A program takes block_n x block_k values on
+    num_warps warps (tools/bench_kernels.py --prefill-small-ops times others)."""
     n, k = tiled_shape or (qweight.shape[0], qweight.shape[1] * 2)
     w = out if out is not None else torch.empty(n, k, dtype=dtype, device=qweight.device)
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
     _dequant_kernel[grid](qweight, block_scale.view(torch.uint8), _f32(global_scale, qweight.device), w, n, k,
-                          BLOCK_N=block_n, BLOCK_K=block_k, TILED=tiled_shape is not None)
+                          BLOCK_N=block_n, BLOCK_K=block_k, TILED=tiled_shape is not None, num_warps=num_warps)
     return w
