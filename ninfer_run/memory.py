@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from .engine import EngineConfig
+from .kernels.prefill_modes import SPLIT_ROWS
 from .kv.pool import READ_SLICE
 from .kv.quant import GROUP
 from .vision.encoder import PREFIX as VISION_PREFIX
@@ -99,13 +100,14 @@ class ModelShape:
         """Estimate of the activations of one prefill chunk (bf16) plus fp32 logits for `rows` tokens.
         `split_attention`: long chunks attend split (kernels/paged_attention.py), which holds ~4 more
         bf16 rows of one KV head's query group at once (its own keys and values or the folded queries, the
-        two outputs; the merge writes into the chunk's output)."""
+        two outputs; the merge writes into the chunk's output) for each of at most SPLIT_ROWS rows."""
         gdn = 2 * self.gdn_k_heads * self.gdn_k_dim + 2 * self.gdn_v_heads * self.gdn_v_dim if self.gdn_layers else 0
         per_token = 4 * self.hidden + 3 * self.intermediate + 2 * gdn + 2 * 2 * self.q_heads * self.head_dim
-        if split_attention:
-            per_token += 4 * (self.q_heads // max(self.kv_heads, 1)) * self.head_dim
+        split = 0
+        if split_attention:  # per piece of at most SPLIT_ROWS of the chunk's rows
+            split = min(prefill_chunk, SPLIT_ROWS) * 4 * (self.q_heads // max(self.kv_heads, 1)) * self.head_dim
         chunk_states = -(-prefill_chunk // GDN_CHUNK) * self.gdn_v_heads * self.gdn_k_dim * self.gdn_v_dim * 4
-        return prefill_chunk * per_token * 2 + chunk_states + 2 * rows * self.vocab * 4
+        return (prefill_chunk * per_token + split) * 2 + chunk_states + 2 * rows * self.vocab * 4
 
 
 @dataclass(frozen=True)

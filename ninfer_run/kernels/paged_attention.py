@@ -92,8 +92,14 @@ def _masked(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def _split(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str, out: torch.Tensor) -> None:
     """_masked's result, into `out` [T, G, D], from two attentions merged: the queries over the earlier keys
     (no mask: the G heads' rows folded into one head's, one long attention) and over the chunk's own T keys
-    (square causal)."""
+    (square causal). Queries past modes.SPLIT_ROWS go in pieces, each over the keys before it."""
     t, g, dim = qh.shape
+    if t > modes.SPLIT_ROWS:
+        for start in range(0, t, modes.SPLIT_ROWS):
+            end = min(t, start + modes.SPLIT_ROWS)
+            last_key = k.shape[0] - t + end
+            _split(qh[start:end], k[:last_key], v[:last_key], backend, out[start:end])
+        return
     prev = k.shape[0] - t
     own_k, own_v = (x[prev:][None, None].expand(1, g, t, dim).contiguous() for x in (k, v))
     own, own_lse = attention_lse(qh.transpose(0, 1)[None], own_k, own_v, True, "flash")  # [1, G, T, D], [1, G, T]

@@ -21,6 +21,11 @@ import torch
 # against 0.50 / 0.51. memory.py counts the split's transients (~4 bf16 rows of a query group a chunk token)
 # where it runs.
 MODES = ("auto", "masked", "split-flash", "split-cudnn")
+# A split chunk's queries attend in pieces of at most SPLIT_ROWS rows, each over every key before it (cuDNN or
+# flash, unmasked) and its own (causal): a chunk longer than this (--prefill-chunk 16384, which halves the
+# linears' weight dequantizations) keeps the square causal part, flash's share, as an 8K chunk's, and the
+# split's transient buffers at SPLIT_ROWS rows (memory.py).
+SPLIT_ROWS = 8192
 PREFILL_ATTENTION = os.environ.get("NINFER_PREFILL_ATTENTION", "auto")
 if PREFILL_ATTENTION not in MODES:
     raise ValueError(f"NINFER_PREFILL_ATTENTION={PREFILL_ATTENTION!r}: one of {MODES}")

@@ -114,9 +114,9 @@ def test_the_plan_counts_the_split_prefill_attention_where_it_runs(packed, monke
 
     path = str(packed("tiny-qwen3.5", "nvfp4"))
 
-    def workspace(mode):
+    def workspace(mode, *chunk):
         monkeypatch.setattr(prefill_modes, "PREFILL_ATTENTION", mode)
-        r = CliRunner().invoke(app, ["plan", path, "--gpu-mem", "8GiB", "--json"])
+        r = CliRunner().invoke(app, ["plan", path, "--gpu-mem", "8GiB", "--json", *chunk])
         assert r.exit_code == 0, r.output
         return json.loads(r.output)["components"]["activation workspace"]
 
@@ -124,6 +124,9 @@ def test_the_plan_counts_the_split_prefill_attention_where_it_runs(packed, monke
         shape = artifact_plan(a.manifest, EngineConfig(max_context=64))[0]
     group_rows = 8192 * 4 * (shape.q_heads // shape.kv_heads) * shape.head_dim * 2  # the default CUDA chunk
     assert workspace("split-cudnn") == workspace("split-flash") == workspace("masked") + group_rows
+    # a longer chunk attends in pieces of SPLIT_ROWS (8,192) rows: the split holds no more
+    longer = ("--prefill-chunk", "20000")
+    assert workspace("split-cudnn", *longer) == workspace("masked", *longer) + group_rows
     if not torch.cuda.is_available():
         assert workspace("auto") == workspace("masked")
 
