@@ -26,7 +26,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     --ab-fused-glu, with SwiGLU's SiLU-mul written by gate and up's launch and by a kernel of its own
     (cuda_ops.FUSED_GLU flipped); with --ab-triton-pdl, with the step's Triton kernels launched as
     programmatic dependents of the kernel ahead and as plain launches (kernels.common.TRITON_PDL flipped);
-    with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone streamed
+    with --ab-l2-prefetch, with each layer's output projection's weights pulled into L2 while the small
+    kernels before it run and not (kernels.l2_prefetch.L2_PREFETCH); with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone streamed
     through NAME (cuda_ops.MLP_PIPELINE); with --ab-prefill-attention MODE, each prefill (the longest with
     its next turns) in the default long-chunk attention and in MODE, back to back (prefill_modes).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
@@ -59,7 +60,7 @@ from ninfer_registry import load as registry_entry  # noqa: E402
 from ninfer_registry import scheme_classes  # noqa: E402
 from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
 from ninfer_run.kernels import common as kernel_common  # noqa: E402
-from ninfer_run.kernels import cuda_ops, gated_delta, prefill_modes  # noqa: E402
+from ninfer_run.kernels import cuda_ops, gated_delta, l2_prefetch, prefill_modes  # noqa: E402
 from ninfer_run.kernels.common import counting_compiles  # noqa: E402
 from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
 from ninfer_run.memory import ModelShape, plan  # noqa: E402
@@ -480,6 +481,7 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
     flips += [("fused glu", cuda_ops, "FUSED_GLU", not cuda_ops.FUSED_GLU)] if args.ab_fused_glu else []
     flips += [("mlp pipeline", cuda_ops, "MLP_PIPELINE", args.ab_mlp_pipeline)] if args.ab_mlp_pipeline else []
     flips += [("triton pdl", kernel_common, "TRITON_PDL", not kernel_common.TRITON_PDL)] if args.ab_triton_pdl else []
+    flips += [("l2 prefetch", l2_prefetch, "L2_PREFETCH", not l2_prefetch.L2_PREFETCH)] if args.ab_l2_prefetch else []
     for label, module, name, other in flips:
         default = getattr(module, name)
         try:
@@ -530,6 +532,9 @@ def main() -> None:
     parser.add_argument("--ab-triton-pdl", action="store_true",
                         help="also decode each concurrency with the step's Triton kernels launched as programmatic "
                              "dependents and not (NINFER_TRITON_PDL)")
+    parser.add_argument("--ab-l2-prefetch", action="store_true",
+                        help="also decode each concurrency with the output projections' weights prefetched into L2 "
+                             "during the small kernels before them and not (NINFER_L2_PREFETCH)")
     parser.add_argument("--ab-prefill-attention", choices=prefill_modes.MODES, default=None,
                         help="also time each prefill with the long chunks' attention in the default mode and in this "
                              "one, back to back (NINFER_PREFILL_ATTENTION)")
