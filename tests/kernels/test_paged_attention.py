@@ -147,6 +147,11 @@ def test_dense_prefill_matches_reference(length, q_len, mode):
     """The long-chunk path (KV decoded once, then flash attention): one SDPA call with a bottom-right
     causal mask (GQA), or the earlier keys and the chunk's own apart, merged by their log-sum-exps (on a
     CPU both backends are the float32 torch form: the merge is what is checked there)."""
+    _check_dense_prefill(length, q_len, mode)
+
+
+def _check_dense_prefill(length: int, q_len: int, mode: str) -> None:
+    """dense_prefill of q_len queries ending a length-token sequence against the float32 reference."""
     from ninfer_run.kernels.paged_attention import dense_prefill
 
     pool, tables, _, _ = _setup([length], length + q_len)
@@ -165,19 +170,9 @@ def test_split_prefill_in_pieces_matches_reference(mode, monkeypatch):
     """A split chunk longer than SPLIT_ROWS attends in pieces, each over every key before it and its own:
     the same attention (100 queries after 300 keys in pieces of 48, 48 and 4)."""
     from ninfer_run.kernels import prefill_modes
-    from ninfer_run.kernels.paged_attention import dense_prefill
 
     monkeypatch.setattr(prefill_modes, "SPLIT_ROWS", 48)
-    length, q_len = 400, 100
-    pool, tables, _, _ = _setup([length], length)
-    hq, _, dim = HEADS
-    q = torch.randn(q_len, hq, dim, generator=torch.Generator().manual_seed(5)).to(DEVICE, DTYPE)
-    got = dense_prefill(q, pool, 1, tables[0], length, mode).float().cpu()
-    for name in ("k", "v", "k_scale", "v_scale"):
-        setattr(pool, name, getattr(pool, name).cpu())
-    want = reference(q[None].float().cpu(), pool, 1, tables, [length])[0]
-    err = float((got - want).norm() / want.norm())
-    assert err < (1e-2 if DTYPE == torch.bfloat16 else 2e-3), err
+    _check_dense_prefill(400, 100, mode)
 
 
 def test_merge_lse_is_the_torch_merge_on_strided_halves():
