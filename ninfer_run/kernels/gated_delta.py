@@ -124,20 +124,24 @@ def gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.
     return gdn_gates(a, b, a_log, dt_bias)
 
 
-def conv_silu_reference(x: torch.Tensor, history: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def conv_silu_reference(x: torch.Tensor, history: torch.Tensor, weight: torch.Tensor,
+                        sections: tuple[int, int, int] | None = None):
     """The layer's causal depthwise conv and SiLU over T rows x [T, C] after the K-1 inputs before them,
-    history [K-1, C]; weight [C, 1, K] -> [T, C] in x's dtype."""
+    history [K-1, C]; weight [C, 1, K] -> [T, C] in x's dtype (`sections`: its q, k, v column ranges, split)."""
     padded = torch.cat((history, x), dim=0)
-    return F.silu(F.conv1d(padded.T[None], weight, groups=weight.shape[0])[0].T)
+    out = F.silu(F.conv1d(padded.T[None], weight, groups=weight.shape[0])[0].T)
+    return torch.split(out, list(sections), dim=-1) if sections else out
 
 
-def conv_silu(x: torch.Tensor, history: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`conv_silu_reference`'s contract; one Triton kernel on CUDA (kernels/gdn_conv.py: no cat, one pass)."""
+def conv_silu(x: torch.Tensor, history: torch.Tensor, weight: torch.Tensor,
+              sections: tuple[int, int, int] | None = None):
+    """`conv_silu_reference`'s contract; one Triton kernel on CUDA (kernels/gdn_conv.py: no cat, one pass;
+    with `sections`, each range written contiguous)."""
     if not x.is_cuda:
-        return conv_silu_reference(x, history, weight)
+        return conv_silu_reference(x, history, weight, sections)
     from .gdn_conv import causal_conv_silu
 
-    return causal_conv_silu(x, history, weight)
+    return causal_conv_silu(x, history, weight, sections)
 
 
 MAX_PROJECTED_ROWS = 16  # decode rows (C <= 8, MTP verification) take the fused kernel; more, cuBLAS

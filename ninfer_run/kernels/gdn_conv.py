@@ -20,8 +20,10 @@ BT, BC = 64, 128  # rows and channels a program: 8K x 10,240 -> 128 x 80 program
 
 
 @triton.jit(do_not_specialize=["T"])  # chunk lengths vary: one compile for all (warmup.py)
-def _causal_conv_silu_kernel(x_ptr, history_ptr, weight_ptr, out_ptr, T, C, x_row_stride,
+def _causal_conv_silu_kernel(x_ptr, history_ptr, weight_ptr, out_ptr, out1_ptr, out2_ptr, T, C, x_row_stride, S1, S2,
                              KM1: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """Channels [0, S1) go to out_ptr ([T, S1] rows), [S1, S2) to out1_ptr, [S2, C) to out2_ptr (S1 = S2 = C:
+    all to out_ptr, [T, C])."""
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     live = (rows < T)[:, None] & (cols < C)[None, :]
@@ -34,22 +36,31 @@ def _causal_conv_silu_kernel(x_ptr, history_ptr, weight_ptr, out_ptr, T, C, x_ro
         w = tl.load(weight_ptr + cols * (KM1 + 1) + i, mask=cols < C, other=0.0).to(tl.float32)
         acc += (before + inside).to(tl.float32) * w[None, :]
     conv = acc.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne").to(tl.float32)
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :],
-             (conv * tl.sigmoid(conv)).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=live)
+    r, c = rows.to(tl.int64)[:, None], cols[None, :]
+    dest = tl.where(c < S1, out_ptr + r * S1 + c,
+                    tl.where(c < S2, out1_ptr + r * (S2 - S1) + (c - S1), out2_ptr + r * (C - S2) + (c - S2)))
+    tl.store(dest, (conv * tl.sigmoid(conv)).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=live)
 
 
-def causal_conv_silu(x: torch.Tensor, history: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def causal_conv_silu(x: torch.Tensor, history: torch.Tensor, weight: torch.Tensor,
+                     sections: tuple[int, int, int] | None = None) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """x [T, C] (rows may be strided: a slice of a fused projection), history [K-1, C] (the inputs
     before x), depthwise weight [C, 1, K] -> silu(conv1d([history | x]))[T, C] contiguous, x's dtype:
-    gated_delta.conv_silu_reference's contract."""
+    gated_delta.conv_silu_reference's contract. `sections` (three widths summing to C: the layer's q, k
+    and v channels): the three column ranges instead, each its own contiguous [T, width] (fla's chunked
+    kernel takes them as they are: no copy of each before it)."""
     t, c = x.shape
     km1 = weight.shape[-1] - 1
-    if history.shape != (km1, c) or weight.shape[0] != c or x.stride(1) != 1:
-        raise ValueError(f"causal_conv_silu: x {tuple(x.shape)}, history {tuple(history.shape)}, "
-                         f"weight {tuple(weight.shape)} (want history [K-1, C], weight [C, 1, K], unit column stride)")
-    out = torch.empty(t, c, dtype=x.dtype, device=x.device)
+    if (history.shape != (km1, c) or weight.shape[0] != c or x.stride(1) != 1
+            or (sections is not None and (len(sections) != 3 or sum(sections) != c))):
+        raise ValueError(f"causal_conv_silu: x {tuple(x.shape)}, history {tuple(history.shape)}, weight "
+                         f"{tuple(weight.shape)}, sections {sections} (want history [K-1, C], weight [C, 1, K], unit "
+                         f"column stride, three sections summing to C)")
+    widths = sections or (c, 0, 0)
+    outs = [torch.empty(t, w, dtype=x.dtype, device=x.device) for w in widths if w]
     if t:
+        pointers = outs if sections else outs * 3  # (unsplit: the one output stands for all three)
         _causal_conv_silu_kernel[(triton.cdiv(t, BT), triton.cdiv(c, BC))](
-            x, history.to(x.dtype).contiguous(), weight.to(x.dtype).contiguous(), out, t, c, x.stride(0),
-            KM1=km1, BT=BT, BC=BC)
-    return out
+            x, history.to(x.dtype).contiguous(), weight.to(x.dtype).contiguous(), *pointers, t, c, x.stride(0),
+            widths[0], widths[0] + widths[1], KM1=km1, BT=BT, BC=BC)
+    return tuple(outs) if sections else outs[0]

@@ -140,9 +140,16 @@ class Model(CausalLM):
         o = gated_rms_norm(out.to(h.dtype), z, self._p(p + "norm.weight"), c.eps)
         return x, linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
 
-    def _split_heads(self, conv: torch.Tensor):
+    @property
+    def _qkv_sections(self) -> tuple[int, int, int]:
+        """The widths of q, k and v in a GDN layer's conv channels."""
         c = self.cfg
-        q, k, v = torch.split(conv, [c.k_heads * c.k_dim, c.k_heads * c.k_dim, c.v_heads * c.v_dim], dim=-1)
+        return c.k_heads * c.k_dim, c.k_heads * c.k_dim, c.v_heads * c.v_dim
+
+    def _split_heads(self, conv: torch.Tensor | tuple[torch.Tensor, ...]):
+        """conv [T, C] (or its q, k, v column ranges already apart) -> q, k, v by heads."""
+        c = self.cfg
+        q, k, v = conv if isinstance(conv, tuple) else torch.split(conv, list(self._qkv_sections), dim=-1)
         return (q.unflatten(-1, (c.k_heads, c.k_dim)), k.unflatten(-1, (c.k_heads, c.k_dim)),
                 v.unflatten(-1, (c.v_heads, c.v_dim)))
 
@@ -158,7 +165,8 @@ class Model(CausalLM):
         k = self.cfg.conv_kernel
         history = state.conv.get(i, torch.zeros(k - 1, qkv.shape[1], dtype=qkv.dtype, device=qkv.device))
         # a verify (a few rows) keeps the torch form and every window; a chunk keeps only its last window
-        conv = (conv_silu_reference if state.keep_steps else conv_silu)(qkv, history, self._conv_weight(i, qkv.dtype))
+        conv = (conv_silu_reference if state.keep_steps else conv_silu)(qkv, history, self._conv_weight(i, qkv.dtype),
+                                                                        self._qkv_sections)
         padded = torch.cat((history, qkv if state.keep_steps else qkv[-(k - 1):]), dim=0)
         _store(state.conv, i, padded[-(k - 1):])
         s = state.recurrent.get(i, self._zero_state(qkv.device))

@@ -42,6 +42,22 @@ def test_causal_conv_silu_matches_torch(tokens, strided):
     assert float(err.norm() / want.float().norm()) < 4e-3
 
 
+@pytest.mark.parametrize("tokens", [3, 131])
+def test_sections_are_the_columns_apart(tokens):
+    """With sections (a layer's q, k and v widths) each column range comes out contiguous, equal to the
+    unsplit output's columns bit for bit."""
+    gen = torch.Generator().manual_seed(tokens + 1)
+    x = torch.randn(tokens, CHANNELS + 32, generator=gen).to(DEVICE, DTYPE)[:, :CHANNELS]
+    history = torch.randn(KERNEL - 1, CHANNELS, generator=gen).to(DEVICE, DTYPE)
+    weight = (torch.randn(CHANNELS, 1, KERNEL, generator=gen) * 0.5).to(DEVICE, DTYPE)
+    a = CHANNELS // 5  # about the 27B's 2,048 / 2,048 / 6,144 of 10,240; unequal, so no width stands for another
+    sections = (a - 8, a + 8, CHANNELS - 2 * a)
+    whole = gdn_conv.causal_conv_silu(x, history, weight)
+    parts = gdn_conv.causal_conv_silu(x, history, weight, sections)
+    assert [p.shape for p in parts] == [(tokens, w) for w in sections] and all(p.is_contiguous() for p in parts)
+    assert torch.equal(torch.cat(parts, dim=1), whole)
+
+
 def test_causal_conv_silu_refuses_a_history_of_the_wrong_length():
     x = torch.zeros(5, 8, device=DEVICE, dtype=DTYPE)
     with pytest.raises(ValueError, match="history"):
