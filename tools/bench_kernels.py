@@ -29,6 +29,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -371,15 +372,10 @@ def _gdn_conv(t: int, channels: int, device: str, time_it: bool, ceil: dict) -> 
     return row
 
 
-def _silu_mul_blocked(gate, up, block: int):
-    """activations.silu_mul with `block` elements a program (its BLOCK) for this call."""
-    from ninfer_run.kernels import activations
-
-    default, activations.BLOCK = activations.BLOCK, block
-    try:
-        return activations.silu_mul(gate, up)
-    finally:
-        activations.BLOCK = default
+def _patched(module, name: str, value, call):
+    """call() with module.name set to value for its duration (a module knob read at each launch)."""
+    with mock.patch.object(module, name, value):
+        return call()
 
 
 def prefill_small_ops(device: str, dtype, t: int, ceil: dict, time_it: bool) -> list[dict]:
@@ -400,28 +396,21 @@ def prefill_small_ops(device: str, dtype, t: int, ceil: dict, time_it: bool) -> 
     q, s8, s2 = _nvfp4_weight(2 * inter if time_it else 64, hidden, device)
     tiled = cuda_ops.tile_nvfp4(q, s8)
     n, k = q.shape[0], hidden
-    narrow_min = norms.NARROW_MIN_ROWS
-
-    def one_row_gated():
-        norms.NARROW_MIN_ROWS = 1 << 62
-        try:
-            return norms.gated_rms_norm(o, gate, w_o, 1e-6)
-        finally:
-            norms.NARROW_MIN_ROWS = narrow_min
-
-    if not time_it:  # a CPU check: the chunk's few rows take the narrow kernel too
-        norms.NARROW_MIN_ROWS = 1
-    try:
+    gated_norm = functools.partial(norms.gated_rms_norm, o, gate, w_o, 1e-6)
+    # a CPU check: the chunk's few rows take the narrow kernel too
+    with mock.patch.object(norms, "NARROW_MIN_ROWS", norms.NARROW_MIN_ROWS if time_it else 1):
         cases = [  # name, call, its torch reference, bytes it must move
             ("add_rms_norm", lambda: norms.add_rms_norm(x, h, w, 1e-6, 1.0)[1],
              lambda: layers.rms_norm_reference(x + h, w, 1e-6, 1.0), 4 * x.numel() * 2),
-            ("gated_rms_norm, rows a program", lambda: norms.gated_rms_norm(o, gate, w_o, 1e-6),
+            ("gated_rms_norm, rows a program", gated_norm,
              lambda: layers.gated_rms_norm_reference(o, gate, w_o, 1e-6), 3 * o.numel() * 2),
-            ("gated_rms_norm, one row a program", one_row_gated,
+            ("gated_rms_norm, one row a program", functools.partial(_patched, norms, "NARROW_MIN_ROWS", 1 << 62,
+                                                                    gated_norm),
              lambda: layers.gated_rms_norm_reference(o, gate, w_o, 1e-6), 3 * o.numel() * 2),
         ]
         # SiLU-mul by elements a program, the dequantization by (rows, columns) a program: the defaults first
-        cases += [(f"silu_mul, {block} a program", functools.partial(_silu_mul_blocked, g, u, block),
+        cases += [(f"silu_mul, {block} a program",
+                   functools.partial(_patched, activations, "BLOCK", block, functools.partial(activations.silu_mul, g, u)),
                    lambda: layers.silu_mul_reference(g, u), 3 * g.numel() * 2)
                   for block in (activations.BLOCK, 2048, 4096)]
         cases += [(f"nvfp4 dequantize (tiled), {bn}x{bk}, {warps} warps",
@@ -438,8 +427,6 @@ def prefill_small_ops(device: str, dtype, t: int, ceil: dict, time_it: bool) -> 
                 row["GB_s"] = nbytes / row["ms"] / 1e6
             rows.append(row)
         return rows
-    finally:
-        norms.NARROW_MIN_ROWS = narrow_min
 
 
 def _gdn_in_place(hk, hv, d, g, beta, state, device, on_gpu: bool):

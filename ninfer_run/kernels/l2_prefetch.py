@@ -25,8 +25,9 @@ LINE = 128  # bytes a prefetch asks for
 
 
 @triton.jit(do_not_specialize=["a_lines", "b_lines"])
-def _prefetch_kernel(a_ptr, a_lines, b_ptr, b_lines, BLOCK: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
-    """The lines of two tensors (a's, then b's), BLOCK a program at a time, strided over the programs."""
+def _prefetch_kernel(a_ptr, a_lines, b_ptr, b_lines, LINE: tl.constexpr, BLOCK: tl.constexpr, EARLY: tl.constexpr,
+                     PDL: tl.constexpr):
+    """The LINE-byte lines of two tensors (a's, then b's), BLOCK a program at a time, strided over the programs."""
     launch_dependents(EARLY)  # the step's next kernel need not wait for the prefetches to be asked
     wait_for_inputs(PDL)  # after the input projection: its own weight stream is over by then
     for first in range(tl.program_id(0) * BLOCK, a_lines + b_lines, tl.num_programs(0) * BLOCK):
@@ -34,7 +35,7 @@ def _prefetch_kernel(a_ptr, a_lines, b_ptr, b_lines, BLOCK: tl.constexpr, EARLY:
         in_a = line < a_lines
         a_line = tl.minimum(line, a_lines - 1)  # (clamped: every address asked for is the tensors')
         b_line = tl.minimum(tl.maximum(line - a_lines, 0), b_lines - 1)
-        address = tl.where(in_a, a_ptr + a_line.to(tl.int64) * 128, b_ptr + b_line.to(tl.int64) * 128)
+        address = tl.where(in_a, a_ptr + a_line.to(tl.int64) * LINE, b_ptr + b_line.to(tl.int64) * LINE)
         tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [address],
                                   dtype=tl.int32, is_pure=False, pack=1)
 
@@ -46,6 +47,6 @@ def prefetch(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     a, b = (t.reshape(-1).view(torch.uint8) for t in (a, b))  # byte addresses whatever the dtypes
     programs = torch.cuda.get_device_properties(a.device).multi_processor_count
-    _prefetch_kernel[(programs,)](a, -(-a.numel() // LINE), b, -(-b.numel() // LINE), BLOCK=128, EARLY=EARLY_LAUNCH,
-                                  num_warps=4, **programmatic(a.device))
+    _prefetch_kernel[(programs,)](a, -(-a.numel() // LINE), b, -(-b.numel() // LINE), LINE=LINE, BLOCK=128,
+                                  EARLY=EARLY_LAUNCH, num_warps=4, **programmatic(a.device))
     return True

@@ -207,9 +207,9 @@ def _pack_quantizers():
 # Kernels the interpreter cannot run (inline PTX), as the GPU launches them
 STATIC_LAUNCHES = [
     {"module": "ninfer_run.kernels.l2_prefetch", "name": "_prefetch_kernel",
-     "signature": {"a_ptr": "*u8", "a_lines": "i32", "b_ptr": "*u8", "b_lines": "i32", "BLOCK": "constexpr",
-                   "EARLY": "constexpr", "PDL": "constexpr"},
-     "constexprs": {"BLOCK": 128, "EARLY": True, "PDL": True},
+     "signature": {"a_ptr": "*u8", "a_lines": "i32", "b_ptr": "*u8", "b_lines": "i32", "LINE": "constexpr",
+                   "BLOCK": "constexpr", "EARLY": "constexpr", "PDL": "constexpr"},
+     "constexprs": {"LINE": 128, "BLOCK": 128, "EARLY": True, "PDL": True},
      "ptx": ["prefetch.global.L2::evict_last", "griddepcontrol.wait", "griddepcontrol.launch_dependents"]},
 ]
 
