@@ -29,7 +29,9 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     with --ab-l2-prefetch, with each layer's output projection's weights pulled into L2 while the small
     kernels before it run and not (kernels.l2_prefetch.L2_PREFETCH); with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone streamed
     through NAME (cuda_ops.MLP_PIPELINE); with --ab-prefill-attention MODE, each prefill (the longest with
-    its next turns) in the default long-chunk attention and in MODE, back to back (prefill_modes).
+    its next turns) in the default long-chunk attention and in MODE, back to back (prefill_modes); with
+    --anatomy, each concurrency's step with the GDN layers' chain of small kernels left out, the attention
+    layers', and both (the GEMVs alone): what each chain costs inside the graph (ANATOMY).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
 attention, full width and vocab), prefill 8K and decode, extrapolated to 64 layers by the per-layer
 difference. Ceilings first (copy GB/s, bf16 matmul TFLOP/s). JSON is rewritten after every figure,
@@ -39,6 +41,7 @@ so a run cut short keeps what it measured; PNG and a table of ratios last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -47,6 +50,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -64,8 +68,9 @@ from ninfer_run.kernels import cuda_ops, gated_delta, l2_prefetch, prefill_modes
 from ninfer_run.kernels.common import counting_compiles  # noqa: E402
 from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
 from ninfer_run.memory import ModelShape, plan  # noqa: E402
-from ninfer_run.models import model_class  # noqa: E402
+from ninfer_run.models import model_class, qwen3_5  # noqa: E402
 from ninfer_run.sampling import SamplingParams  # noqa: E402
+from ninfer_run.static_step import StaticBatch  # noqa: E402
 from ninfer_run.warmup import warm_up  # noqa: E402
 
 from bench_common import gpu_tag, write_results  # noqa: E402
@@ -439,6 +444,59 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
+# --anatomy: the decode step's graph with a layer kind's chain of small kernels left out (their outputs left
+# unwritten): the graphs' difference is what that chain costs where it runs, between the GEMVs, overlaps
+# and launch gaps included - what a per-kernel profile cannot say under PDL, where a kernel's time holds its
+# wait for the one ahead. The tokens such a step makes mean nothing; only its time is read.
+ANATOMY = {"no gdn chain": ("gdn",), "no attention chain": ("attention",), "gemvs only": ("gdn", "attention")}
+
+
+def _skipping(model, chains: tuple[str, ...]) -> contextlib.ExitStack:
+    """Patches that leave out each of `chains`: "gdn" (a GDN layer's gates, conv, recurrence and gated
+    norm: its in_proj and out_proj GEMVs stay), "attention" (an attention layer's q/k norm + RoPE, KV
+    write and attention: its qkv and o_proj GEMVs stay)."""
+    c, stack = model.cfg, contextlib.ExitStack()
+    if "gdn" in chains:
+        def gates(h, w_ab, *_):
+            return tuple(h.new_empty(h.shape[0], w_ab.shape[0] // 2, dtype=torch.float32) for _ in range(2))
+
+        def recurrence(_, __, qkv, *___):
+            return qkv.new_empty(qkv.shape[0], c.v_heads, c.v_dim)
+
+        stack.enter_context(mock.patch.object(qwen3_5, "projected_gates", gates))
+        for owner, name in ((StaticBatch, "gdn"), (qwen3_5.Model, "_gdn_decode_batch"), (qwen3_5.Model, "_gdn_sequence")):
+            stack.enter_context(mock.patch.object(owner, name, recurrence))  # whichever path runs the step
+        stack.enter_context(mock.patch.object(qwen3_5, "gated_rms_norm", lambda x, z, *_: torch.empty_like(z)))
+    if "attention" in chains:
+        stack.enter_context(mock.patch.object(qwen3_5, "qk_norm_rope", lambda q, k, *_: (q, k)))
+        stack.enter_context(mock.patch.object(qwen3_5, "attend", lambda segments, key, q, *_: torch.empty_like(q)))
+    return stack
+
+
+def anatomy(model, p: dict, args, save) -> None:
+    """Each concurrency's decode step in full and with each ANATOMY variant's chains left out, adjacent
+    (each captures its own graphs) -> p["anatomy"]: the graphs' ms (the steps' wall time where no graph
+    was captured: CPU), what each chain adds to the full one, and the weights' read alone (GEMVs, lm_head)
+    against the roofline's time for their bytes at the copy rate."""
+    for c in args.concurrency:
+        graphs = {}
+        for label, chains in [("full", ())] + list(ANATOMY.items()):
+            with _skipping(model, chains):
+                row = decode(model, c, args.new_tokens, 512) | {"variant": f"anatomy: {label}"}
+            p["decode"].append(row)
+            graphs[label] = row["graph_ms"] or row["step_ms"]
+            save()
+        full, alone = graphs["full"], graphs["gemvs only"]
+        summary = {"concurrency": c, "graph_ms": graphs,
+                   "gdn_chain_ms": full - graphs["no gdn chain"], "attention_chain_ms": full - graphs["no attention chain"],
+                   "gemvs_alone_of_copy": 1000 / p["roofline_tok_s"] / alone}
+        p.setdefault("anatomy", []).append(summary)
+        save()
+        print(f"anatomy C={c}: step graph {full:.3f} ms; GDN chains {summary['gdn_chain_ms']:.3f} ms, attention "
+              f"chains {summary['attention_chain_ms']:.3f} ms; GEMVs + lm_head alone {alone:.3f} ms "
+              f"({summary['gemvs_alone_of_copy']:.0%} of copy for the weights' bytes)", flush=True)
+
+
 def _step_split(row: dict) -> str:
     """A plain decode row's step wall time against its graph's replay alone (the host's share is the rest)."""
     if row.get("graph_ms") is None:
@@ -495,6 +553,8 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
                           flush=True)
         finally:
             setattr(module, name, default)
+    if args.anatomy:
+        anatomy(model, p, args, save)
     decode(model, 1, 8, 512, profile_to=args.out / "decode_profile.txt")
     if model.has_mtp and not args.no_mtp:  # a speculative step's device and host time: head drafts and observe, verify
         decode(model, 1, 8, 512, draft_tokens=3, forced=True, profile_to=args.out / "decode_profile_mtp.txt")
@@ -535,6 +595,9 @@ def main() -> None:
     parser.add_argument("--ab-l2-prefetch", action="store_true",
                         help="also decode each concurrency with the output projections' weights prefetched into L2 "
                              "during the small kernels before them and not (NINFER_L2_PREFETCH)")
+    parser.add_argument("--anatomy", action="store_true",
+                        help="also decode each concurrency with the GDN layers' small kernels left out, the attention "
+                             "layers', and both: what each chain costs in the step's graph (the tokens mean nothing)")
     parser.add_argument("--ab-prefill-attention", choices=prefill_modes.MODES, default=None,
                         help="also time each prefill with the long chunks' attention in the default mode and in this "
                              "one, back to back (NINFER_PREFILL_ATTENTION)")
