@@ -27,8 +27,9 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     (cuda_ops.FUSED_GLU flipped); with --ab-triton-pdl, with the step's Triton kernels launched as
     programmatic dependents of the kernel ahead and as plain launches (kernels.common.TRITON_PDL flipped);
     with --ab-l2-prefetch, with each layer's output projection's weights pulled into L2 while the small
-    kernels before it run and not (kernels.l2_prefetch.L2_PREFETCH); with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone streamed
-    through NAME (cuda_ops.MLP_PIPELINE); with --ab-prefill-attention MODE, each prefill (the longest with
+    kernels before it run and not (kernels.l2_prefetch.L2_PREFETCH); with --ab-conv-gates, with a GDN
+    layer's conv and gates in one launch and in two (kernels.gdn_decode.CONV_GATES); with --ab-mlp-pipeline
+    NAME, with the MLP's GEMVs alone streamed through NAME (cuda_ops.MLP_PIPELINE); with --ab-prefill-attention MODE, each prefill (the longest with
     its next turns) in the default long-chunk attention and in MODE, back to back (prefill_modes); with
     --anatomy, each concurrency's step with the GDN layers' chain of small kernels left out, the attention
     layers', and both (the GEMVs alone): what each chain costs inside the graph (ANATOMY).
@@ -64,7 +65,7 @@ from ninfer_registry import load as registry_entry  # noqa: E402
 from ninfer_registry import scheme_classes  # noqa: E402
 from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
 from ninfer_run.kernels import common as kernel_common  # noqa: E402
-from ninfer_run.kernels import cuda_ops, gated_delta, l2_prefetch, prefill_modes  # noqa: E402
+from ninfer_run.kernels import cuda_ops, gated_delta, gdn_decode, l2_prefetch, prefill_modes  # noqa: E402
 from ninfer_run.kernels.common import counting_compiles  # noqa: E402
 from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
 from ninfer_run.memory import ModelShape, plan  # noqa: E402
@@ -464,8 +465,9 @@ def _skipping(model, chains: tuple[str, ...]) -> contextlib.ExitStack:
             return qkv.new_empty(qkv.shape[0], c.v_heads, c.v_dim)
 
         stack.enter_context(mock.patch.object(qwen3_5, "projected_gates", gates))
-        for owner, name in ((StaticBatch, "gdn"), (qwen3_5.Model, "_gdn_decode_batch"), (qwen3_5.Model, "_gdn_sequence")):
-            stack.enter_context(mock.patch.object(owner, name, recurrence))  # whichever path runs the step
+        paths = (StaticBatch, "gdn"), (qwen3_5.Model, "_gdn_decode_batch"), (qwen3_5.Model, "_gdn_sequence")
+        for owner, name in paths:  # whichever runs the step
+            stack.enter_context(mock.patch.object(owner, name, recurrence))
         stack.enter_context(mock.patch.object(qwen3_5, "gated_rms_norm", lambda x, z, *_: torch.empty_like(z)))
     if "attention" in chains:
         stack.enter_context(mock.patch.object(qwen3_5, "qk_norm_rope", lambda q, k, *_: (q, k)))
@@ -540,6 +542,7 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
     flips += [("mlp pipeline", cuda_ops, "MLP_PIPELINE", args.ab_mlp_pipeline)] if args.ab_mlp_pipeline else []
     flips += [("triton pdl", kernel_common, "TRITON_PDL", not kernel_common.TRITON_PDL)] if args.ab_triton_pdl else []
     flips += [("l2 prefetch", l2_prefetch, "L2_PREFETCH", not l2_prefetch.L2_PREFETCH)] if args.ab_l2_prefetch else []
+    flips += [("conv gates", gdn_decode, "CONV_GATES", not gdn_decode.CONV_GATES)] if args.ab_conv_gates else []
     for label, module, name, other in flips:
         default = getattr(module, name)
         try:
@@ -595,6 +598,9 @@ def main() -> None:
     parser.add_argument("--ab-l2-prefetch", action="store_true",
                         help="also decode each concurrency with the output projections' weights prefetched into L2 "
                              "during the small kernels before them and not (NINFER_L2_PREFETCH)")
+    parser.add_argument("--ab-conv-gates", action="store_true",
+                        help="also decode each concurrency with a GDN layer's conv and gates in one launch and apart "
+                             "(NINFER_GDN_CONV_GATES)")
     parser.add_argument("--anatomy", action="store_true",
                         help="also decode each concurrency with the GDN layers' small kernels left out, the attention "
                              "layers', and both: what each chain costs in the step's graph (the tokens mean nothing)")

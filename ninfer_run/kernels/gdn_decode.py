@@ -6,6 +6,8 @@ gather/scatter alone moved 2 x 3 MB per layer and token (profile: ~1 ms of a 11.
 
   conv_step:      window [K-1, C] of slot s and the rows x [T, C] -> silu(conv) [T, C]; the window
                   advanced by T rows in place; with `keep`, the window after each token too.
+  conv_gates_step: conv_step and the layer's gates (gdn_gates.projected_gates) in one launch, side by
+                  side (NINFER_GDN_CONV_GATES=1; off until measured).
   recurrent_step: q/k L2-normalised (q also scaled by Dk^-0.5) and the gated delta rule, token by
                   token, on state [Hv, Dk, Dv] of slot s, in place -> out [T, Hv, Dv]; with `keep`,
                   the state after each token too.
@@ -16,11 +18,19 @@ over gathered copies; tests/kernels/test_gdn_decode.py compares the two on fresh
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from .common import launch_dependents, programmatic, wait_for_inputs
+from .gated_delta import MAX_PROJECTED_ROWS
+from .gdn_gates import PROJECTED_WARPS, projected_gate
+
+CONV_BLOCK = 256  # channels a conv program takes
+# Whether a decode step's GDN layers take conv_gates_step (read at each call: bench.py --ab-conv-gates flips it)
+CONV_GATES = os.environ.get("NINFER_GDN_CONV_GATES", "0") == "1"
 
 
 @triton.jit
@@ -36,7 +46,14 @@ def _conv_step_kernel(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_pt
                       KM1: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     launch_dependents(PDL)
     wait_for_inputs(PDL)
-    b, cb = tl.program_id(0), tl.program_id(1)
+    _conv_columns(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS, tl.program_id(0),
+                  tl.program_id(1), KM1, KEEP, BLOCK)
+
+
+@triton.jit
+def _conv_columns(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS, b, cb,
+                  KM1: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr):
+    """Columns cb * BLOCK.. of sequence b's T rows: conv + SiLU out, its window advanced (and kept)."""
     cols = cb * BLOCK + tl.arange(0, BLOCK)
     ok = cols < C
     slot = tl.load(slots_ptr + b)
@@ -59,6 +76,25 @@ def _conv_step_kernel(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_pt
         tl.store(window + i * C + cols, _padded_row(window, x, T + i, C, cols, ok, KM1), mask=ok)
 
 
+@triton.jit
+def _conv_gates_kernel(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS,
+                       h_ptr, w_ab_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, K, H, CONV_BLOCKS,
+                       KM1: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PDL: tl.constexpr):
+    """_conv_step_kernel's programs, then projected_gate's: sequence b's programs past CONV_BLOCKS take
+    its T rows' H gates each."""
+    launch_dependents(PDL)
+    b, j = tl.program_id(0), tl.program_id(1)
+    if j < CONV_BLOCKS:
+        wait_for_inputs(PDL)
+        _conv_columns(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS, b, j, KM1, KEEP,
+                      BLOCK)
+    else:
+        gate = j - CONV_BLOCKS
+        projected_gate(h_ptr, w_ab_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, K, H, gate % H, b * T + gate // H, BLOCK_K,
+                       PDL)
+
+
 def conv_step(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor, tokens: int = 1,
               keep: torch.Tensor | None = None) -> torch.Tensor:
     """x [B * tokens, C] (sequence-major rows), windows [slots, K-1, C] (advanced in place), depthwise
@@ -66,12 +102,35 @@ def conv_step(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, slot
     after each token -> silu(conv) [B * tokens, C] in x's dtype."""
     rows, c = x.shape
     out = torch.empty_like(x)
-    block = 256
-    _conv_step_kernel[(rows // tokens, triton.cdiv(c, block))](
+    _conv_step_kernel[(rows // tokens, triton.cdiv(c, CONV_BLOCK))](
         x.contiguous(), windows, weight.contiguous(), slots, out, keep if keep is not None else windows, c, tokens,
-        keep.shape[1] if keep is not None else 0, KM1=windows.shape[1], KEEP=keep is not None, BLOCK=block,
+        keep.shape[1] if keep is not None else 0, KM1=windows.shape[1], KEEP=keep is not None, BLOCK=CONV_BLOCK,
         **programmatic(x.device))
     return out
+
+
+def conv_gates_step(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor, h: torch.Tensor,
+                    w_ab: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, tokens: int = 1,
+                    keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """conv_step and gdn_gates.projected_gates(h, w_ab, a_log, dt_bias) (h: the layer's normed input, one
+    row per row of x) in one launch: the two read different inputs, so their programs run side by side
+    instead of one kernel after the other (a decode step's GDN layer: one launch and one wait fewer) ->
+    (silu(conv), g, beta), each as the two kernels give it (the gates' programs take projected_gates' warps)."""
+    rows, c = x.shape
+    heads, k = w_ab.shape[0] // 2, h.shape[1]
+    if rows > MAX_PROJECTED_ROWS or h.shape[0] != rows or w_ab.dtype != h.dtype:
+        raise ValueError(f"conv_gates_step: at most {MAX_PROJECTED_ROWS} rows, one row of h a row of x, weights in "
+                         "h's dtype")
+    out = torch.empty_like(x)
+    g = torch.empty(rows, heads, dtype=torch.float32, device=x.device)
+    beta = torch.empty_like(g)
+    conv_blocks = triton.cdiv(c, CONV_BLOCK)
+    _conv_gates_kernel[(rows // tokens, conv_blocks + tokens * heads)](
+        x.contiguous(), windows, weight.contiguous(), slots, out, keep if keep is not None else windows, c, tokens,
+        keep.shape[1] if keep is not None else 0, h.contiguous(), w_ab.contiguous(), a_log.contiguous(),
+        dt_bias.contiguous(), g, beta, k, heads, conv_blocks, KM1=windows.shape[1], KEEP=keep is not None,
+        BLOCK=CONV_BLOCK, BLOCK_K=triton.next_power_of_2(k), num_warps=PROJECTED_WARPS, **programmatic(x.device))
+    return out, g, beta
 
 
 @triton.jit

@@ -18,6 +18,8 @@ import triton.language as tl
 from .common import launch_dependents, programmatic, wait_for_inputs
 from .gated_delta import MAX_PROJECTED_ROWS
 
+PROJECTED_WARPS = 16  # a projected gate's warps (its sums' order: gdn_decode.conv_gates_step uses the same)
+
 
 @triton.jit
 def _gate_values(a, b, alog, dt):
@@ -49,7 +51,15 @@ def _gates_kernel(a_ptr, b_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, H, BLOCK: tl.
 def _projected_gates_kernel(x_ptr, w_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, K, H, BLOCK_K: tl.constexpr,
                             PDL: tl.constexpr):
     launch_dependents(PDL)
-    h, t = tl.program_id(0), tl.program_id(1)  # head h (row h of W_a, row H + h of W_b), row t of x
+    projected_gate(x_ptr, w_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, K, H, tl.program_id(0), tl.program_id(1), BLOCK_K,
+                   PDL)
+
+
+@triton.jit
+def projected_gate(x_ptr, w_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, K, H, h, t, BLOCK_K: tl.constexpr,
+                   PDL: tl.constexpr):
+    """Head h's gates of row t of x (row h of W_a, row H + h of W_b); waits for the kernel ahead (PDL) once
+    its weights are loaded."""
     k = tl.arange(0, BLOCK_K)
     ok = k < K
     # the weights (written once, at load) are read while the kernel ahead may still run
@@ -86,6 +96,6 @@ def projected_gates(x: torch.Tensor, w_ab: torch.Tensor, a_log: torch.Tensor, dt
     g = torch.empty(t, h, dtype=torch.float32, device=x.device)
     beta = torch.empty_like(g)
     _projected_gates_kernel[(h, t)](x.contiguous(), w_ab.contiguous(), a_log.contiguous(), dt_bias.contiguous(), g,
-                                    beta, k, h, BLOCK_K=triton.next_power_of_2(k), num_warps=16,
+                                    beta, k, h, BLOCK_K=triton.next_power_of_2(k), num_warps=PROJECTED_WARPS,
                                     **programmatic(x.device))
     return g, beta

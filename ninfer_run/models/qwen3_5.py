@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from .. import static_step
 from ..kernels.gated_delta import (
+    MAX_PROJECTED_ROWS,
     conv_silu,
     conv_silu_reference,
     gated_delta_rule,
@@ -91,6 +94,27 @@ def _store(held: dict[int, torch.Tensor], layer: int, value: torch.Tensor) -> No
         held[layer] = value.clone()
 
 
+class GateInputs(NamedTuple):
+    """A GDN layer's gates before they are computed: in_proj_a/b's input rows and stacked weights, A_log and
+    dt_bias (projected_gates' arguments)."""
+
+    h: torch.Tensor
+    w_ab: torch.Tensor
+    a_log: torch.Tensor
+    dt_bias: torch.Tensor
+
+
+def _conv_takes_gates(segments: Segments, inputs: GateInputs) -> bool:
+    """Whether the step's in-place conv kernel computes the layer's gates in its own launch
+    (gdn_decode.conv_gates_step, NINFER_GDN_CONV_GATES): a static step whose GDN layers run in place,
+    decode rows, gate weights in the rows' dtype."""
+    if not (isinstance(segments, StaticBatch) and static_step.runs_in_place(inputs.h)):
+        return False
+    from ..kernels import gdn_decode  # Triton: GPU installs (and the CPU tests' interpreter)
+
+    return gdn_decode.CONV_GATES and inputs.h.shape[0] <= MAX_PROJECTED_ROWS and inputs.w_ab.dtype == inputs.h.dtype
+
+
 class Model(CausalLM):
     """Weights are a name -> tensor dict (HF names); `forward` runs T new tokens of one sequence,
     `decode_batch` one new token of each of several."""
@@ -127,7 +151,8 @@ class Model(CausalLM):
         prefetch(self._p(p + "out_proj.weight"), t)  # read after the small kernels below
         z = z.view(t, c.v_heads, c.v_dim)
         if i in self.gate_inputs:  # bf16: projection and gates in one kernel for decode rows on CUDA
-            g, beta = projected_gates(h, self.gate_inputs[i], self._p(p + "A_log"), self._p(p + "dt_bias"))
+            inputs = GateInputs(h, self.gate_inputs[i], self._p(p + "A_log"), self._p(p + "dt_bias"))
+            g, beta = (inputs, None) if _conv_takes_gates(segments, inputs) else projected_gates(*inputs)
         else:  # quantized (a profile that quantizes them)
             a, b = linear_group(h, [self._p(p + "in_proj_a.weight"), self._p(p + "in_proj_b.weight")])
             g, beta = gates(a, b, self._p(p + "A_log"), self._p(p + "dt_bias"))
@@ -204,7 +229,11 @@ class Model(CausalLM):
         from ..kernels import gdn_decode  # Triton: GPU installs only
 
         keep_windows, keep_states = keep if keep is not None else (None, None)
-        conv = gdn_decode.conv_step(qkv, windows, self._conv_weight(i, qkv.dtype), slots, tokens, keep_windows)
+        if isinstance(g, GateInputs):  # the gates not yet computed: in the conv's launch (_conv_takes_gates)
+            conv, g, beta = gdn_decode.conv_gates_step(qkv, windows, self._conv_weight(i, qkv.dtype), slots, *g,
+                                                       tokens=tokens, keep=keep_windows)
+        else:
+            conv = gdn_decode.conv_step(qkv, windows, self._conv_weight(i, qkv.dtype), slots, tokens, keep_windows)
         return gdn_decode.recurrent_step(conv, g, beta, states, slots, self.cfg.k_heads, tokens, keep_states)
 
     def _rope(self, segments: Segments, like: torch.Tensor):

@@ -104,3 +104,34 @@ def test_verify_steps_in_place_keep_every_state(tokens):
     others = [s for s in range(n) if s not in slots]
     assert torch.equal(states[others], want_states[others])
     assert not keep_windows[others].any() and not keep_states[:, tokens:].any()
+
+
+@pytest.mark.parametrize("slots,tokens", [([2], 1), ([4, 0, 2], 1), ([3, 1], 3)])
+def test_conv_gates_step_is_conv_step_and_projected_gates(slots, tokens):
+    """The two kernels' programs in one launch give what the two launches give, bit for bit: the conv rows,
+    the advanced windows, the windows kept after each token, and the gates (same code, same warps)."""
+    from ninfer_run.kernels.gdn_gates import projected_gates
+
+    gen = torch.Generator().manual_seed(20 + len(slots) + tokens)
+    c, n, rows, k = 2 * HK * D + HV * D, 6, len(slots) * tokens, 320
+    x = torch.randn(rows, c, generator=gen).to(DEVICE, DTYPE)
+    windows = torch.randn(n, KERNEL - 1, c, generator=gen).to(DEVICE, DTYPE)
+    weight = (torch.randn(c, 1, KERNEL, generator=gen) * 0.5).to(DEVICE, DTYPE)
+    h = torch.randn(rows, k, generator=gen).to(DEVICE, DTYPE)
+    w_ab = (torch.randn(2 * HV, k, generator=gen) * 2.4 / k**0.5).to(DEVICE, DTYPE)
+    a_log = (torch.rand(HV, generator=gen) * 2.7).to(DEVICE, DTYPE)
+    dt_bias = (torch.randn(HV, generator=gen) + 18).to(DEVICE, DTYPE)
+    index = torch.tensor(slots, device=DEVICE)
+    keep = torch.zeros(n, tokens, KERNEL - 1, c, dtype=DTYPE, device=DEVICE) if tokens > 1 else None
+    windows_apart, keep_apart = windows.clone(), keep.clone() if keep is not None else None
+
+    conv, g, beta = gdn_decode.conv_gates_step(x, windows, weight, index, h, w_ab, a_log, dt_bias, tokens, keep)
+    conv_want = gdn_decode.conv_step(x, windows_apart, weight, index, tokens, keep_apart)
+    g_want, beta_want = projected_gates(h, w_ab, a_log, dt_bias)
+
+    assert torch.equal(conv, conv_want) and torch.equal(windows, windows_apart)
+    assert keep is None or torch.equal(keep, keep_apart)
+    assert g.shape == beta.shape == (rows, HV) and torch.equal(g, g_want) and torch.equal(beta, beta_want)
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        gdn_decode.conv_gates_step(x.repeat(17, 1), windows, weight, index.repeat(17), h.repeat(17, 1), w_ab, a_log,
+                                   dt_bias, tokens)

@@ -40,15 +40,19 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-@pytest.fixture(params=["gathered", "in_place"])
+@pytest.fixture(params=["gathered", "in_place", "in_place_conv_gates"])
 def gdn_path(request, monkeypatch):
     """The static step's GDN layers as the CPU runs them (gather, torch step, scatter) or as the GPU
-    does (kernels/gdn_decode.py in place on the slab), the latter in Triton's interpreter."""
-    if request.param == "in_place":
+    does (kernels/gdn_decode.py in place on the slab; with the gates in the conv's launch too), the
+    latter in Triton's interpreter."""
+    if request.param.startswith("in_place"):
         if torch.cuda.is_available():
             pytest.skip("`pytest -m gpu` runs the in-place kernels compiled (tests below)")
         pytest.importorskip("triton")  # tests/conftest.py has it run in its interpreter
+        from ninfer_run.kernels import gdn_decode
+
         monkeypatch.setattr(static_step, "runs_in_place", lambda rows: True)
+        monkeypatch.setattr(gdn_decode, "CONV_GATES", request.param == "in_place_conv_gates")
     return request.param
 
 
