@@ -124,12 +124,13 @@ def conv_gates_step(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor
     out = torch.empty_like(x)
     g = torch.empty(rows, heads, dtype=torch.float32, device=x.device)
     beta = torch.empty_like(g)
-    conv_blocks = triton.cdiv(c, CONV_BLOCK)
+    block = 32 * PROJECTED_WARPS  # a channel a thread (the launch's warps are the gates')
+    conv_blocks = triton.cdiv(c, block)
     _conv_gates_kernel[(rows // tokens, conv_blocks + tokens * heads)](
         x.contiguous(), windows, weight.contiguous(), slots, out, keep if keep is not None else windows, c, tokens,
         keep.shape[1] if keep is not None else 0, h.contiguous(), w_ab.contiguous(), a_log.contiguous(),
         dt_bias.contiguous(), g, beta, k, heads, conv_blocks, KM1=windows.shape[1], KEEP=keep is not None,
-        BLOCK=CONV_BLOCK, BLOCK_K=triton.next_power_of_2(k), num_warps=PROJECTED_WARPS, **programmatic(x.device))
+        BLOCK=block, BLOCK_K=triton.next_power_of_2(k), num_warps=PROJECTED_WARPS, **programmatic(x.device))
     return out, g, beta
 
 
