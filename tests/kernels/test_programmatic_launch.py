@@ -8,6 +8,8 @@ reads (NaN until then). The kernel under test must give what it gives on the fin
 that read before its wait would read NaN or a part-written input. Needs a Hopper or later GPU (the
 interpreter and older GPUs launch plainly: nothing to order)."""
 
+import functools
+
 import pytest
 import torch
 
@@ -92,6 +94,19 @@ def _conv_step():
     return run
 
 
+def _conv_gates_step(late: str):
+    """conv_gates_step with its conv rows (x) or its gates' rows (h) written late."""
+    windows, weight, slots = _bf16(2, 3, CHANNELS, seed=21), _bf16(CHANNELS, 1, 4, seed=22), _slots()
+    x, h, w = _bf16(1, CHANNELS, seed=23), _bf16(1, 1024, seed=24), _bf16(2 * HV, 1024, seed=25)
+    a_log, dt = _bf16(HV, seed=26).float(), _bf16(HV, seed=27).float()
+
+    def run(rows):
+        conv, g, beta = gdn_decode.conv_gates_step(rows if late == "x" else x, windows, weight, slots,
+                                                   rows if late == "h" else h, w, a_log, dt)
+        return torch.cat([conv.flatten().float(), windows.flatten().float(), g.flatten(), beta.flatten()])
+    return run
+
+
 def _recurrent_step():
     states, slots = _bf16(2, HV, D, D, seed=15).float(), _slots()
     g, beta = -_bf16(1, HV, seed=16).float().abs(), _bf16(1, HV, seed=17).float().sigmoid()
@@ -135,6 +150,8 @@ CASES = {  # kernel under test: (its late input's shape, its preparation)
     "silu_mul": ((2, 4096), _silu_mul),
     "projected_gates": ((1, 1024), _projected_gates),
     "conv_step": ((1, CHANNELS), _conv_step),
+    "conv_gates_step, conv rows late": ((1, CHANNELS), functools.partial(_conv_gates_step, "x")),
+    "conv_gates_step, gate rows late": ((1, 1024), functools.partial(_conv_gates_step, "h")),
     "recurrent_step": ((1, CHANNELS), _recurrent_step),
     "kv_write": ((3, 2, 256), _kv_write),
     "paged_attention": ((1, 1, 4, 256), _attention),
