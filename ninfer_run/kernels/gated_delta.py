@@ -147,6 +147,12 @@ def conv_silu(x: torch.Tensor, history: torch.Tensor, weight: torch.Tensor,
 MAX_PROJECTED_ROWS = 16  # decode rows (C <= 8, MTP verification) take the fused kernel; more, cuBLAS
 
 
+def projection_fits(x: torch.Tensor, w_ab: torch.Tensor) -> bool:
+    """Whether the fused projected-gates kernels (gdn_gates.projected_gates, gdn_decode.conv_gates_step)
+    take these rows: at most MAX_PROJECTED_ROWS of them, the stacked weights in their dtype."""
+    return x.shape[0] <= MAX_PROJECTED_ROWS and w_ab.dtype == x.dtype
+
+
 def projected_gates_reference(x: torch.Tensor, w_ab: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
     """The gates of a, b = x @ [W_a; W_b]^T (the stacked bf16 in_proj_a/b [2 Hv, K])."""
     a, b = F.linear(x, w_ab).split(w_ab.shape[0] // 2, dim=-1)
@@ -156,8 +162,7 @@ def projected_gates_reference(x: torch.Tensor, w_ab: torch.Tensor, a_log: torch.
 def projected_gates(x: torch.Tensor, w_ab: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
     """`projected_gates_reference`'s contract; decode rows on CUDA in bf16/fp16: projection and gates as one
     Triton kernel (kernels/gdn_gates.py)."""
-    if (not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) or w_ab.dtype != x.dtype
-            or x.shape[0] > MAX_PROJECTED_ROWS):
+    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) or not projection_fits(x, w_ab):
         return projected_gates_reference(x, w_ab, a_log, dt_bias)
     from .gdn_gates import projected_gates as fused
 

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .common import launch_dependents, programmatic, wait_for_inputs
-from .gated_delta import MAX_PROJECTED_ROWS
+from .gated_delta import MAX_PROJECTED_ROWS, projection_fits
 from .gdn_gates import PROJECTED_WARPS, projected_gate
 
 CONV_BLOCK = 256  # channels a conv program takes
@@ -118,7 +118,7 @@ def conv_gates_step(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor
     (silu(conv), g, beta), each as the two kernels give it (the gates' programs take projected_gates' warps)."""
     rows, c = x.shape
     heads, k = w_ab.shape[0] // 2, h.shape[1]
-    if rows > MAX_PROJECTED_ROWS or h.shape[0] != rows or w_ab.dtype != h.dtype:
+    if h.shape[0] != rows or not projection_fits(h, w_ab):
         raise ValueError(f"conv_gates_step: at most {MAX_PROJECTED_ROWS} rows, one row of h a row of x, weights in "
                          "h's dtype")
     out = torch.empty_like(x)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .common import launch_dependents, programmatic, wait_for_inputs
-from .gated_delta import MAX_PROJECTED_ROWS
+from .gated_delta import MAX_PROJECTED_ROWS, projection_fits
 
 PROJECTED_WARPS = 16  # a projected gate's warps (its sums' order: gdn_decode.conv_gates_step uses the same)
 
@@ -91,7 +91,7 @@ def projected_gates(x: torch.Tensor, w_ab: torch.Tensor, a_log: torch.Tensor, dt
     the stacked [W_a; W_b] [2 Hv, K] (x's dtype) -> (g, beta) float32 [T, Hv], one kernel."""
     t, k = x.shape
     h = w_ab.shape[0] // 2
-    if t > MAX_PROJECTED_ROWS or w_ab.dtype != x.dtype:
+    if not projection_fits(x, w_ab):
         raise ValueError(f"projected_gates: at most {MAX_PROJECTED_ROWS} rows, weights in x's dtype")
     g = torch.empty(t, h, dtype=torch.float32, device=x.device)
     beta = torch.empty_like(g)

@@ -16,13 +16,13 @@ import torch.nn.functional as F
 
 from .. import static_step
 from ..kernels.gated_delta import (
-    MAX_PROJECTED_ROWS,
     conv_silu,
     conv_silu_reference,
     gated_delta_rule,
     gated_delta_step,
     gates,
     projected_gates,
+    projection_fits,
 )
 from ..layers import (
     add_rms_norm,
@@ -112,7 +112,7 @@ def _conv_takes_gates(segments: Segments, inputs: GateInputs) -> bool:
         return False
     from ..kernels import gdn_decode  # Triton: GPU installs (and the CPU tests' interpreter)
 
-    return gdn_decode.CONV_GATES and inputs.h.shape[0] <= MAX_PROJECTED_ROWS and inputs.w_ab.dtype == inputs.h.dtype
+    return gdn_decode.CONV_GATES and projection_fits(inputs.h, inputs.w_ab)
 
 
 class Model(CausalLM):
@@ -229,11 +229,11 @@ class Model(CausalLM):
         from ..kernels import gdn_decode  # Triton: GPU installs only
 
         keep_windows, keep_states = keep if keep is not None else (None, None)
+        weight = self._conv_weight(i, qkv.dtype)
         if isinstance(g, GateInputs):  # the gates not yet computed: in the conv's launch (_conv_takes_gates)
-            conv, g, beta = gdn_decode.conv_gates_step(qkv, windows, self._conv_weight(i, qkv.dtype), slots, *g,
-                                                       tokens=tokens, keep=keep_windows)
+            conv, g, beta = gdn_decode.conv_gates_step(qkv, windows, weight, slots, *g, tokens=tokens, keep=keep_windows)
         else:
-            conv = gdn_decode.conv_step(qkv, windows, self._conv_weight(i, qkv.dtype), slots, tokens, keep_windows)
+            conv = gdn_decode.conv_step(qkv, windows, weight, slots, tokens, keep_windows)
         return gdn_decode.recurrent_step(conv, g, beta, states, slots, self.cfg.k_heads, tokens, keep_states)
 
     def _rope(self, segments: Segments, like: torch.Tensor):
