@@ -29,8 +29,9 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     with --ab-l2-prefetch, with each layer's output projection's weights pulled into L2 while the small
     kernels before it run and not (kernels.l2_prefetch.L2_PREFETCH); with --ab-conv-gates, with a GDN
     layer's conv and gates in one launch and in two (kernels.gdn_decode.CONV_GATES); with --ab-mlp-pipeline
-    NAME, with the MLP's GEMVs alone streamed through NAME (cuda_ops.MLP_PIPELINE); with --ab-prefill-attention MODE, each prefill (the longest with
-    its next turns) in the default long-chunk attention and in MODE, back to back (prefill_modes); with
+    NAME, with the MLP's GEMVs alone streamed through NAME (cuda_ops.MLP_PIPELINE); with
+    --ab-prefill-attention MODE, each prefill (the longest with its next turns) in the default long-chunk
+    attention and in MODE, back to back (prefill_modes); with
     --anatomy, each concurrency's step with the GDN layers' chain of small kernels left out, the attention
     layers', and both (the GEMVs alone): what each chain costs inside the graph (ANATOMY).
 Peer in the same run: transformers' Qwen3_5ForCausalLM in bf16 with 4 and 8 of the layers (3 GDN : 1
@@ -445,6 +446,21 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
+# The on/off A/Bs of decode: (option, label, module, setting, what the option's help says): each concurrency
+# decoded with the module's setting as it is and flipped (decode_figures)
+TOGGLES = (
+    ("--ab-fused-norm", "fused norm", cuda_ops, "FUSED_NORM", "the one-row layer norms fused into the GEMVs and not"),
+    ("--ab-fused-glu", "fused glu", cuda_ops, "FUSED_GLU", "SwiGLU's SiLU-mul in gate and up's launch and not"),
+    ("--ab-triton-pdl", "triton pdl", kernel_common, "TRITON_PDL",
+     "the step's Triton kernels launched as programmatic dependents and not (NINFER_TRITON_PDL)"),
+    ("--ab-l2-prefetch", "l2 prefetch", l2_prefetch, "L2_PREFETCH",
+     "the output projections' weights prefetched into L2 during the small kernels before them and not "
+     "(NINFER_L2_PREFETCH)"),
+    ("--ab-conv-gates", "conv gates", gdn_decode, "CONV_GATES",
+     "a GDN layer's conv and gates in one launch and apart (NINFER_GDN_CONV_GATES)"),
+)
+
+
 # --anatomy: the decode step's graph with a layer kind's chain of small kernels left out (their outputs left
 # unwritten): the graphs' difference is what that chain costs where it runs, between the GEMVs, overlaps
 # and launch gaps included - what a per-kernel profile cannot say under PDL, where a kernel's time holds its
@@ -537,12 +553,9 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
     # each concurrency with cuda_ops' setting as it is and flipped, back to back (adjacent runs: the
     # machine's drift over the run stays out of the A/B)
     flips = [("pipeline", cuda_ops, "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []
-    flips += [("fused norm", cuda_ops, "FUSED_NORM", not cuda_ops.FUSED_NORM)] if args.ab_fused_norm else []
-    flips += [("fused glu", cuda_ops, "FUSED_GLU", not cuda_ops.FUSED_GLU)] if args.ab_fused_glu else []
     flips += [("mlp pipeline", cuda_ops, "MLP_PIPELINE", args.ab_mlp_pipeline)] if args.ab_mlp_pipeline else []
-    flips += [("triton pdl", kernel_common, "TRITON_PDL", not kernel_common.TRITON_PDL)] if args.ab_triton_pdl else []
-    flips += [("l2 prefetch", l2_prefetch, "L2_PREFETCH", not l2_prefetch.L2_PREFETCH)] if args.ab_l2_prefetch else []
-    flips += [("conv gates", gdn_decode, "CONV_GATES", not gdn_decode.CONV_GATES)] if args.ab_conv_gates else []
+    flips += [(label, module, name, not getattr(module, name)) for option, label, module, name, _ in TOGGLES
+              if getattr(args, option.removeprefix("--").replace("-", "_"))]
     for label, module, name, other in flips:
         default = getattr(module, name)
         try:
@@ -586,21 +599,10 @@ def main() -> None:
     parser.add_argument("--no-mtp", action="store_true", help="skip the speculative (MTP) figures")
     parser.add_argument("--ab-pipeline", choices=cuda_ops.PIPELINE_NAMES, default=None,
                         help="also decode each concurrency with the NVFP4 GEMV's weights streamed this way (an A/B)")
-    parser.add_argument("--ab-fused-norm", action="store_true",
-                        help="also decode each concurrency with the one-row layer norms fused into the GEMVs and not")
     parser.add_argument("--ab-mlp-pipeline", choices=cuda_ops.PIPELINE_NAMES, default=None,
                         help="also decode each concurrency with the MLP's NVFP4 GEMVs streamed this way (an A/B)")
-    parser.add_argument("--ab-fused-glu", action="store_true",
-                        help="also decode each concurrency with SwiGLU's SiLU-mul in gate and up's launch and not")
-    parser.add_argument("--ab-triton-pdl", action="store_true",
-                        help="also decode each concurrency with the step's Triton kernels launched as programmatic "
-                             "dependents and not (NINFER_TRITON_PDL)")
-    parser.add_argument("--ab-l2-prefetch", action="store_true",
-                        help="also decode each concurrency with the output projections' weights prefetched into L2 "
-                             "during the small kernels before them and not (NINFER_L2_PREFETCH)")
-    parser.add_argument("--ab-conv-gates", action="store_true",
-                        help="also decode each concurrency with a GDN layer's conv and gates in one launch and apart "
-                             "(NINFER_GDN_CONV_GATES)")
+    for option, *_, what in TOGGLES:
+        parser.add_argument(option, action="store_true", help=f"also decode each concurrency with {what}")
     parser.add_argument("--anatomy", action="store_true",
                         help="also decode each concurrency with the GDN layers' small kernels left out, the attention "
                              "layers', and both: what each chain costs in the step's graph (the tokens mean nothing)")
