@@ -9,6 +9,12 @@ Speculation runs while at most --spec-max-batch sequences decode: beyond that, d
 costs more than it saves, so they join the plain batched step and their MTP heads catch up on the
 skipped tokens in one forward when they speculate again.
 Finished sequences leave a prefix-cache frontier. Cancellation frees a sequence's blocks at once.
+
+Graphed greedy plain steps overlap the host with the device: a step's tokens stay on the device as
+the next step's input, and the host reads them (stop checks, streaming, bookkeeping) while that next
+step runs, so the GPU does not idle for the host between steps. A sequence that stops on a token the
+host has not read yet has had one more step fed: its state holds its whole output, stop token
+included, and the frontier it leaves says so.
 """
 
 from __future__ import annotations
@@ -121,6 +127,21 @@ class _Running:
         return rows
 
 
+@dataclass
+class _Launched:
+    """A plain greedy step whose tokens the host has not read yet: they stay on the device as the next
+    step's input, and their copy to the host lands while that step runs."""
+    runs: list[_Running]
+    tokens: torch.Tensor  # [B] the argmax of each row, on the device
+    host: torch.Tensor  # [B] their copy on the host (pinned on CUDA)
+    copied: torch.cuda.Event | None  # recorded after the copy (None: a CPU copy is done when issued)
+
+    def read(self) -> list[int]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.host.tolist()
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_context: int
@@ -135,6 +156,7 @@ class EngineConfig:
     max_frontiers: int = 32  # prefix-cache frontiers kept (each holds a GDN state snapshot)
     batched_decode: bool = True  # sequences in plain decode share one forward per step (weights read once)
     cuda_graphs: bool | None = None  # decode, verify and draft steps through captured graphs (graphs.py); None: on CUDA
+    overlap_steps: bool = True  # graphed greedy plain steps: the next one launches before the host reads this one's tokens
 
 
 def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
@@ -179,6 +201,8 @@ class Engine:
         # sequence; one at a time here, all in one graphed forward with graphs (verify_batch)
         self.verify_rows = lambda token_lists, states: [model.forward(tokens, state)
                                                         for tokens, state in zip(token_lists, states)]
+        self._launched: _Launched | None = None  # a plain step launched, its tokens not read yet
+        self._token_hosts: list[torch.Tensor] = []  # two host buffers for its tokens, used in turn
 
     # -- requests ------------------------------------------------------------------------------
     def submit(self, request: Request) -> Result:
@@ -340,7 +364,13 @@ class Engine:
         return self.graphs is None or self.graphs.supports(run.state)
 
     def _decode_batch(self, runs: list[_Running]) -> None:
-        """One forward for the next token of every run (each attends over its own KV and state)."""
+        """One forward for the next token of every run (each attends over its own KV and state). If
+        the step before was launched with the same runs, its tokens are this step's input on the
+        device, and the host reads them once this step is launched."""
+        launched, self._launched = self._launched, None
+        if launched is not None and not self._room_for(runs):
+            self._land(launched)  # a run fails for want of blocks: first its tokens so far
+            launched, runs = None, [run for run in runs if self._is_running(run)]
         ready = []
         for run in runs:
             try:
@@ -350,15 +380,74 @@ class Engine:
                 self._fail(run, e)
         if not ready:
             return
-        tokens, states = [run.result.tokens[-1] for run in ready], [run.state for run in ready]
+        tokens = launched.tokens if launched is not None else [run.result.tokens[-1] for run in ready]
+        states = [run.state for run in ready]
         if self.graphs is not None:
             hidden, logits = self.graphs.decode_rows(tokens, states)
         else:
             hidden, logits = self.model.decode_batch_rows(torch.tensor(tokens), states)
+        if self._overlaps(ready):
+            self._launched = self._launch(ready, logits)
+            if launched is not None:
+                self._land(launched)
+            if not any(self._is_running(run) for run in ready):
+                self._launched = None  # every run stopped on the landed tokens: nothing reads these
+            return
         chosen = next_tokens(logits, [run.request.params for run in ready], [run.generator for run in ready])
         for b, (run, token) in enumerate(zip(ready, chosen)):
             run.record(hidden[b : b + 1], [token])
             self._emit(run, [token], fed=1)
+
+    def _overlaps(self, runs: list[_Running]) -> bool:
+        """The next step of these runs may launch before their tokens are read: graphed, greedy (the
+        argmax is taken on the device) and no MTP head to feed the hidden states to."""
+        return (self.config.overlap_steps and self.graphs is not None
+                and all(run.request.params.greedy and run.drafter is None for run in runs))
+
+    def _continues(self, launched: _Launched, batch: list[_Running]) -> bool:
+        """This step is the launched one's successor: the same runs, none finishing on its tokens by length."""
+        return (len(batch) == len(launched.runs) and all(a is b for a, b in zip(batch, launched.runs))
+                and all(len(run.result.tokens) + 1 < run.request.max_tokens for run in batch))
+
+    def _room_for(self, runs: list[_Running]) -> bool:
+        try:
+            for run in runs:
+                self._ensure_room(run, 1)
+        except PoolExhausted:
+            return False
+        return True
+
+    def _launch(self, runs: list[_Running], logits: torch.Tensor) -> _Launched:
+        """Each row's argmax, left on the device, and its copy to a host buffer (the one the last
+        launched step did not use), without waiting for it."""
+        if not self._token_hosts:
+            pin = logits.is_cuda
+            self._token_hosts = [torch.zeros(self.config.max_concurrency, dtype=torch.long, pin_memory=pin)
+                                 for _ in range(2)]
+        self._token_hosts.reverse()
+        tokens = logits.argmax(-1)
+        host = self._token_hosts[0][: len(runs)]
+        host.copy_(tokens, non_blocking=True)
+        copied = None
+        if tokens.is_cuda:
+            copied = torch.cuda.Event()
+            copied.record()
+        return _Launched(list(runs), tokens, host, copied)
+
+    def _land(self, launched: _Launched) -> None:
+        """Emit a launched step's tokens to its runs still running (one cancelled meanwhile gets none)."""
+        for run, token in zip(launched.runs, launched.read()):
+            if self._is_running(run):
+                self._emit(run, [token], fed=1)
+
+    def _is_running(self, run: _Running) -> bool:
+        return any(run is r for r in self.running)
+
+    def drain(self) -> None:
+        """Emit the tokens of a step still being read (overlapped steps), so every result is up to date."""
+        launched, self._launched = self._launched, None
+        if launched is not None:
+            self._land(launched)
 
     def _fail(self, run: _Running, error: Exception) -> None:
         run.result.error = str(error)
@@ -366,13 +455,10 @@ class Engine:
 
     def step(self) -> None:
         self._admit()
-        decoding = [run for run in self.running if run.result.first_token is not None]
-        speculate = len(decoding) <= self.config.spec_max_batch
-        speculating = [run for run in decoding if run.drafter is not None and speculate]
-        plain = [run for run in decoding if run.drafter is None or not speculate]
-        batch = [run for run in plain if self._batchable(run)] if self.config.batched_decode else []
-        if len(batch) < 2 and self.graphs is None:
-            batch = []  # one sequence takes the plain path (unless steps are graphed)
+        batch, speculating = self._plan()
+        if self._launched is not None and not self._continues(self._launched, batch):
+            self.drain()  # the batch changes, or a run ends on these tokens: read them first
+            batch, speculating = self._plan()
         self._decode_batch(batch)
         self._speculate(speculating)
         done = {id(run) for run in batch + speculating}
@@ -383,6 +469,17 @@ class Engine:
                 self._advance(run)
             except PoolExhausted as e:
                 self._fail(run, e)
+
+    def _plan(self) -> tuple[list[_Running], list[_Running]]:
+        """This step's (plain batch, speculating runs)."""
+        decoding = [run for run in self.running if run.result.first_token is not None]
+        speculate = len(decoding) <= self.config.spec_max_batch
+        speculating = [run for run in decoding if run.drafter is not None and speculate]
+        plain = [run for run in decoding if run.drafter is None or not speculate]
+        batch = [run for run in plain if self._batchable(run)] if self.config.batched_decode else []
+        if len(batch) < 2 and self.graphs is None:
+            batch = []  # one sequence takes the plain path (unless steps are graphed)
+        return batch, speculating
 
     def run_until_done(self, max_steps: int = 1_000_000) -> None:
         for _ in range(max_steps):

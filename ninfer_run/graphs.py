@@ -40,10 +40,15 @@ class _Bucket:
         self.owners: list[tuple[int, list[int]] | None] = [None] * b  # (id(state), its table as written)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden, logits) the graph writes
+        # the host image is rewritten only once the copies out of it ran: with overlapped steps the
+        # host stages a step before the one ahead of it has started on the device
+        self.copied = torch.cuda.Event() if pin else None
 
     def stage(self, tokens: list[int] | torch.Tensor, states: list[SequenceState], slots: list[int]) -> None:
         """Write the step's rows (q_len tokens of each sequence) into the host image, copy it over.
         Tokens as a tensor (a verify's, drafted on the device) are copied as they are: no host wait."""
+        if self.copied is not None:
+            self.copied.synchronize()
         t = self.batch.q_len
         positions, kv_slots, tables_changed = [], [], False
         for b, st in enumerate(states):
@@ -64,6 +69,8 @@ class _Bucket:
             dst.copy_(src, non_blocking=True)
         if tables_changed:
             batch.tables.copy_(self.table, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
 
     def forget(self, state_id: int) -> None:
         """A released sequence's rows must be rewritten even if a new one reuses its id."""

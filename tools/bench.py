@@ -28,7 +28,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     programmatic dependents of the kernel ahead and as plain launches (kernels.common.TRITON_PDL flipped);
     with --ab-l2-prefetch, with each layer's output projection's weights pulled into L2 while the small
     kernels before it run and not (kernels.l2_prefetch.L2_PREFETCH); with --ab-conv-gates, with a GDN
-    layer's conv and gates in one launch and in two (kernels.gdn_decode.CONV_GATES); with --ab-mlp-pipeline
+    layer's conv and gates in one launch and in two (kernels.gdn_decode.CONV_GATES); with --ab-overlap, with
+    the host reading a step's tokens while the next step runs and after it (OVERLAP_STEPS); with --ab-mlp-pipeline
     NAME, with the MLP's GEMVs alone streamed through NAME (cuda_ops.MLP_PIPELINE); with
     --ab-prefill-attention MODE, each prefill (the longest with its next turns) in the default long-chunk
     attention and in MODE, back to back (prefill_modes); with
@@ -78,6 +79,7 @@ from ninfer_run.warmup import warm_up  # noqa: E402
 from bench_common import gpu_tag, write_results  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
+OVERLAP_STEPS = EngineConfig.overlap_steps  # the engine's default; --ab-overlap flips it
 FORCED_CYCLE = (3, 0, 2, 1)  # drafts accepted at successive verifies: 1.5 of 3 on average
 
 
@@ -229,7 +231,7 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
     max_tokens = warm + new_tokens + draft_tokens + 1
     blocks = -(-(prompt + max_tokens + draft_tokens) // 64)  # each sequence's whole blocks (a 64-token block)
     config = EngineConfig(max_context=concurrency * blocks * 64, max_concurrency=concurrency, block_size=64,
-                          prefill_chunk=4096, draft_tokens=draft_tokens, max_frontiers=1)
+                          prefill_chunk=4096, draft_tokens=draft_tokens, max_frontiers=1, overlap_steps=OVERLAP_STEPS)
     engine = build_engine(model, config)
     if forced:
         engine.verify_rows = ForcedAcceptance(engine.verify_rows)
@@ -240,10 +242,12 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
                                      max_tokens=max_tokens, params=GREEDY))
                for i in range(concurrency)]
     _steps_until(engine, results, warm)
+    engine.drain()  # a step launched ahead (overlapped steps) counts where its device time does
     _sync()
     start_tokens, t0 = sum(len(r.tokens) for r in results), time.perf_counter()
 
     _profiled(functools.partial(_steps_until, engine, results, warm + new_tokens), profile_to)
+    engine.drain()
     _sync()
     seconds = time.perf_counter() - t0
     made = sum(len(r.tokens) for r in results) - start_tokens
@@ -458,6 +462,8 @@ TOGGLES = (
      "(NINFER_L2_PREFETCH)"),
     ("--ab-conv-gates", "conv gates", gdn_decode, "CONV_GATES",
      "a GDN layer's conv and gates in one launch and apart (NINFER_GDN_CONV_GATES)"),
+    ("--ab-overlap", "overlap", sys.modules[__name__], "OVERLAP_STEPS",
+     "the host reading a step's tokens while the next step runs and after it (EngineConfig.overlap_steps)"),
 )
 
 

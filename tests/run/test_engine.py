@@ -341,3 +341,97 @@ def test_warm_up_fits_the_context_or_is_skipped(model):
     busy.submit(Request(_prompts(1)[0], max_tokens=4))
     with pytest.raises(RuntimeError, match="idle engine"):
         warm_up(busy, model.cfg.vocab_size)
+
+
+def _spy_decode_rows(engine):
+    """Counts the graphed steps whose tokens came from the device (the step before, unread by the host)."""
+    fed = []
+    decode_rows = engine.graphs.decode_rows
+    engine.graphs.decode_rows = lambda tokens, states: (fed.append(isinstance(tokens, torch.Tensor)),
+                                                        decode_rows(tokens, states))[1]
+    return fed
+
+
+def test_overlapped_steps_give_the_tokens_of_steps_read_one_by_one(model):
+    """Graphed greedy steps launched before the host reads the last one's tokens give the same tokens
+    and finish reasons: a batch that shrinks as runs end by length, by a stop token the host reads a
+    step late and by a stop callback, and a sampled run (which is read at once) joining it."""
+    from ninfer_run.sampling import SamplingParams
+
+    prompts = _prompts(5, seed=21)
+    ref = generate_greedy(model, torch.tensor(prompts[1]), 9)
+    requests = [dict(max_tokens=7), dict(max_tokens=9, stop_token_ids=(ref[5],)),
+                dict(max_tokens=12, stop=lambda toks: len(toks) == 4), dict(max_tokens=16),
+                dict(max_tokens=6, params=SamplingParams(temperature=0.8, seed=3))]
+    outputs, fed = {}, {}
+    for overlap in (False, True):
+        engine = _engine(model, max_context=1024, max_concurrency=3, cuda_graphs=True, overlap_steps=overlap)
+        fed[overlap] = _spy_decode_rows(engine)
+        results = [engine.submit(Request(p, **kw)) for p, kw in zip(prompts, requests)]
+        engine.run_until_done()
+        outputs[overlap] = [(r.tokens, r.finish_reason) for r in results]
+        assert engine._launched is None and not engine.running
+    assert outputs[True] == outputs[False]
+    assert outputs[True][1] == (ref[: ref.index(ref[5]) + 1], "stop")
+    assert sum(fed[True]) >= 8 and not any(fed[False])  # steps fed from the device, only when overlapping
+
+
+def test_a_stop_read_a_step_late_leaves_a_frontier_with_the_stop_token(model):
+    """The stop token was fed before the host saw it: the frontier holds the whole output and a next
+    turn over it reuses all of it, exactly. An end by length is known ahead: no step past it."""
+    prompt = _prompts(1, seed=23)[0]
+    ref = generate_greedy(model, torch.tensor(prompt), 8)
+    engine = _engine(model, max_context=512, cuda_graphs=True)
+    engine.submit(Request(prompt[:-1], max_tokens=6))
+    engine.run_until_done()
+    assert [len(f.tokens) for f in engine.cache.frontiers] == [len(prompt) - 1 + 5]  # the last token unfed
+    first = engine.submit(Request(prompt, max_tokens=8, stop_token_ids=(ref[4],)))
+    engine.run_until_done()
+    assert first.finish_reason == "stop" and first.tokens == ref[: ref.index(ref[4]) + 1]
+    follow = prompt + first.tokens + [7, 8, 9]
+    second = engine.submit(Request(follow, max_tokens=5))
+    engine.run_until_done()
+    assert second.cached_tokens == len(prompt) + len(first.tokens)
+    fresh = _engine(model, max_context=512, cuda_graphs=True, overlap_steps=False)
+    want = fresh.submit(Request(follow, max_tokens=5))  # the whole prompt prefilled, nothing reused
+    fresh.run_until_done()
+    assert want.cached_tokens == 0 and second.tokens == want.tokens
+
+
+def test_a_cancel_between_overlapped_steps_loses_nothing_of_the_others(model):
+    prompts = _prompts(2, seed=25)
+    engine = _engine(model, max_context=512, max_concurrency=2, cuda_graphs=True)
+    fed = _spy_decode_rows(engine)
+    a, b = (engine.submit(Request(p, max_tokens=10)) for p in prompts)
+    while len(b.tokens) < 4:
+        engine.step()
+    assert engine._launched is not None and fed[-1]  # a step is in flight, fed from the device
+    engine.cancel(a.id)
+    engine.run_until_done()
+    want = [generate_greedy(model, torch.tensor(p), 10) for p in prompts]
+    assert a.finish_reason == "cancelled" and a.tokens == want[0][: len(a.tokens)]
+    assert b.finish_reason == "length" and b.tokens == want[1]
+    frontier_blocks = sum(len(f.blocks) for f in engine.cache.frontiers)
+    assert engine.counters()["pool_used_blocks"] == frontier_blocks  # a's blocks went back to the pool
+
+
+def test_a_batch_of_the_same_size_but_other_runs_is_not_fed_the_last_ones_tokens(model):
+    """A stops on tokens read a step late just as C's prefill ends: the next batch, [B, C], is as large
+    as the launched [A, B] but must be fed B's and C's own tokens."""
+    g = torch.Generator().manual_seed(27)
+    # A and B: three chunks of 8, C: five, so C's first token comes in the step that reads A's stop
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (20, 20, 36)]
+    requests = [dict(max_tokens=9, stop=lambda toks: len(toks) == 2), dict(max_tokens=8), dict(max_tokens=6)]
+    outputs = {}
+    for overlap in (False, True):
+        engine = _engine(model, max_context=1024, max_concurrency=3, prefill_chunk=8, cuda_graphs=True,
+                         overlap_steps=overlap)
+        batches = []
+        decode_rows = engine.graphs.decode_rows
+        engine.graphs.decode_rows = lambda tokens, states: (batches.append([id(s) for s in states]),
+                                                            decode_rows(tokens, states))[1]
+        results = [engine.submit(Request(p, **kw)) for p, kw in zip(prompts, requests)]
+        engine.run_until_done()
+        outputs[overlap] = [(r.tokens, r.finish_reason) for r in results]
+    assert any(len(a) == len(b) == 2 and a != b for a, b in zip(batches, batches[1:]))  # the case arose
+    assert outputs[True] == outputs[False]

@@ -248,6 +248,27 @@ def test_captured_graph_replays_the_eager_step(packed, monkeypatch, profile, pip
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="graphs are captured on CUDA")
+def test_overlapped_captured_steps_give_the_tokens_of_steps_read_one_by_one(packed):
+    """Captured steps launched before the host reads the last one's tokens (pinned copies, events, the
+    host images restaged while a step is queued) give the tokens the same graphs give read one by one."""
+    from ninfer_run.loader import load
+
+    model = load(packed("tiny-qwen3.5", "nvfp4"), device="cuda", dtype=torch.bfloat16).model
+    prompts = _prompts(5, seed=29)
+    outputs = {}
+    for overlap in (False, True):
+        engine = build_engine(model, EngineConfig(max_context=2048, block_size=16, max_concurrency=3,
+                                                  overlap_steps=overlap))
+        results = [engine.submit(Request(p, max_tokens=20 + 7 * i, stop_token_ids=(5,)))
+                   for i, p in enumerate(prompts)]
+        engine.run_until_done()
+        outputs[overlap] = [(r.tokens, r.finish_reason) for r in results]
+        assert engine.graphs.replays > 0 and not engine.graphs.slot_of
+    assert outputs[True] == outputs[False]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="graphs are captured on CUDA")
 def test_captured_verify_replays_the_eager_forward(packed):
     from ninfer_run.loader import load
 
