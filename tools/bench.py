@@ -228,7 +228,10 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
     """Aggregate decode tok/s once every sequence has its first token; `forced`: see ForcedAcceptance.
     `profile_to`: also write torch.profiler's top ops of the timed steps there."""
     warm = 4 * (draft_tokens + 1)
-    max_tokens = warm + new_tokens + draft_tokens + 1
+    # room past the timed tokens: speculative steps keep their full draft count to the end, and an overlapped
+    # step launched ahead lands in the final drain without ending its run (a run's retirement - frontier,
+    # GDN slot - must not count as decode time)
+    max_tokens = warm + new_tokens + draft_tokens + 2
     blocks = -(-(prompt + max_tokens + draft_tokens) // 64)  # each sequence's whole blocks (a 64-token block)
     config = EngineConfig(max_context=concurrency * blocks * 64, max_concurrency=concurrency, block_size=64,
                           prefill_chunk=4096, draft_tokens=draft_tokens, max_frontiers=1, overlap_steps=OVERLAP_STEPS)
@@ -236,8 +239,7 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
     if forced:
         engine.verify_rows = ForcedAcceptance(engine.verify_rows)
     # untimed first: every prompt (a long one takes several chunks), then a few steps in which a graphed
-    # engine captures this shape's graphs (decode; verify and drafts with MTP). Room past the timed
-    # tokens: speculative steps keep their full draft count up to the end of the timed part.
+    # engine captures this shape's graphs (decode; verify and drafts with MTP)
     results = [engine.submit(Request(_prompt(prompt, model.cfg.vocab_size, seed + i),
                                      max_tokens=max_tokens, params=GREEDY))
                for i in range(concurrency)]
