@@ -513,8 +513,8 @@ class Engine:
             run.state.kv.release()
         if run.drafter is not None:
             run.drafter.state.kv.release()
-        if self.graphs is not None:
-            self.graphs.release(run.state)
+        if self.graphs is not None:  # the frontier took its copies: the slot's state is not copied out again
+            self.graphs.release(run.state, keep_state=False)
         self._finish_result(run.result, reason)
 
     def counters(self) -> dict:

@@ -300,8 +300,10 @@ class GraphedDecoder:
             st.last_forward = q_len
         return hidden, logits
 
-    def release(self, state: SequenceState) -> None:
-        """The sequence stops decoding here: its GDN state is copied out of its slot, which is freed."""
+    def release(self, state: SequenceState, keep_state: bool = True) -> None:
+        """The sequence stops decoding here: its GDN state is copied out of its slot, which is freed.
+        keep_state=False: the state is done with (a finished run, its frontier already copied): its GDN
+        entries are dropped instead - no copy of the 27B's 147 MiB a sequence, no memory the plan left out."""
         slot = self.slot_of.pop(id(state), None)
         if slot is None:
             return
@@ -309,7 +311,10 @@ class GraphedDecoder:
         for bucket in self.buckets.values():
             bucket.forget(id(state))
         if self.slab is not None:
-            self.slab.detach(state, slot)
+            if keep_state:
+                self.slab.detach(state, slot)
+            else:
+                state.conv, state.recurrent, state.steps = {}, {}, {}
         self.free_slots.append(slot)
 
     def attach(self, state: SequenceState) -> int:

@@ -140,13 +140,6 @@ def output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return o * torch.sigmoid(gate)
 
 
-def prefetch(weight, rows: int) -> None:
-    """A quantized weight on the GPU may start toward L2 for its GEMV of `rows` rows a few small kernels
-    later (kernels/linear.QuantizedLinear.prefetch); plain tensors and the CPU path do nothing."""
-    if hasattr(weight, "prefetch"):
-        weight.prefetch(rows)
-
-
 def linear(x: torch.Tensor, weight) -> torch.Tensor:
     """x @ W^T for a plain weight tensor; a quantized weight (kernels/linear.py) applies itself."""
     return F.linear(x, weight) if isinstance(weight, torch.Tensor) else weight(x)

@@ -26,8 +26,7 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     --ab-fused-glu, with SwiGLU's SiLU-mul written by gate and up's launch and by a kernel of its own
     (cuda_ops.FUSED_GLU flipped); with --ab-triton-pdl, with the step's Triton kernels launched as
     programmatic dependents of the kernel ahead and as plain launches (kernels.common.TRITON_PDL flipped);
-    with --ab-l2-prefetch, with each layer's output projection's weights pulled into L2 while the small
-    kernels before it run and not (kernels.l2_prefetch.L2_PREFETCH); with --ab-conv-gates, with a GDN
+    with --ab-conv-gates, with a GDN
     layer's conv and gates in one launch and in two (kernels.gdn_decode.CONV_GATES); with --ab-overlap, with
     the host reading a step's tokens while the next step runs and after it (OVERLAP_STEPS); with --ab-mlp-pipeline
     NAME, with the MLP's GEMVs alone streamed through NAME (cuda_ops.MLP_PIPELINE); with
@@ -67,7 +66,7 @@ from ninfer_registry import load as registry_entry  # noqa: E402
 from ninfer_registry import scheme_classes  # noqa: E402
 from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
 from ninfer_run.kernels import common as kernel_common  # noqa: E402
-from ninfer_run.kernels import cuda_ops, gated_delta, gdn_decode, l2_prefetch, prefill_modes  # noqa: E402
+from ninfer_run.kernels import cuda_ops, gated_delta, gdn_decode, prefill_modes  # noqa: E402
 from ninfer_run.kernels.common import counting_compiles  # noqa: E402
 from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
 from ninfer_run.memory import ModelShape, plan  # noqa: E402
@@ -459,9 +458,6 @@ TOGGLES = (
     ("--ab-fused-glu", "fused glu", cuda_ops, "FUSED_GLU", "SwiGLU's SiLU-mul in gate and up's launch and not"),
     ("--ab-triton-pdl", "triton pdl", kernel_common, "TRITON_PDL",
      "the step's Triton kernels launched as programmatic dependents and not (NINFER_TRITON_PDL)"),
-    ("--ab-l2-prefetch", "l2 prefetch", l2_prefetch, "L2_PREFETCH",
-     "the output projections' weights prefetched into L2 during the small kernels before them and not "
-     "(NINFER_L2_PREFETCH)"),
     ("--ab-conv-gates", "conv gates", gdn_decode, "CONV_GATES",
      "a GDN layer's conv and gates in one launch and apart (NINFER_GDN_CONV_GATES)"),
     ("--ab-overlap", "overlap", sys.modules[__name__], "OVERLAP_STEPS",

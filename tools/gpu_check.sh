@@ -13,6 +13,8 @@
 #   pattn   tools/bench_kernels.py --prefill-attention-ab: a long chunk's attention in each NINFER_PREFILL_ATTENTION mode
 #   smallops tools/bench_kernels.py --prefill-small-ops: an 8K chunk's norms (the GDN output norm many rows a program
 #           and one), SiLU-mul and NVFP4 dequantization against copy
+#   overlap tools/probe_overlap.py (PROBE_ARGS, e.g. "--orders plain overlap"): decode in each host order, the
+#           graphs' device time and the gaps between them from CUDA events, a finished run's retirement
 #   ncu     Nsight Compute on NCU_KERNEL (a regex; default the attention's partial kernel) while NCU_BENCH_ARGS (default
 #           one attention cell, 32K tokens at C = 1) runs bench_kernels.py: speed of light, memory and compute
 #           workload, warp stalls, occupancy of 2 launches (ncu_report.txt)
@@ -21,7 +23,7 @@
 #   sass    the engine's NVFP4 GEMVs (tiled, 8 warps, depth 2: M = 1 with the blocks as MMA columns, 2-8 rows
 #           with x staged) disassembled: gemv_sass.txt, gemv_columns_sass.txt and their instruction counts
 #           by opcode (what the arithmetic costs per tile)
-# JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [attn] [gdn] [gdnrows] [pattn] [smallops] [ncu] [kernels] [bench] [sass]
+# JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [attn] [gdn] [gdnrows] [pattn] [smallops] [overlap] [ncu] [kernels] [bench] [sass]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; FLOOR_ARGS="--floor-l2" narrows
 # the floor stage to the engine's layouts without and with the L2::256B hint; CHAIN_ARGS="--chain-only engine alone"
 # the chain to the variants whose names hold one of those words (split on spaces; "--chain-rows 8": the MLP block
@@ -54,6 +56,8 @@ for stage in $stages; do
         gdn) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gdn-sweep --out "$OUT" 2>&1 | tee "$OUT/bench_gdn.log" | grep gdn ;;
         gdnrows) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gdn-only --out "$OUT" 2>&1 | tee "$OUT/bench_gdn_rows.log" | grep gdn ;;
         pattn) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --prefill-attention-ab --out "$OUT" 2>&1 | tee "$OUT/bench_prefill_attention.log" | grep "prefill attention" ;;
+        overlap) timeout ${BENCH_S:-300} python3 tools/probe_overlap.py --out "$OUT" ${PROBE_ARGS:-} 2>&1 \
+                     | tee "$OUT/probe_overlap.log" | grep -v Warning | tail -20 ;;
         smallops) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --prefill-small-ops --out "$OUT" 2>&1 | tee "$OUT/bench_prefill_small_ops.log" | grep "prefill op" ;;
         ncu) timeout ${NCU_S:-240} ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-_partial_kernel}" \
                  --launch-skip 2 --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \

@@ -7,7 +7,8 @@ gather/scatter alone moved 2 x 3 MB per layer and token (profile: ~1 ms of a 11.
   conv_step:      window [K-1, C] of slot s and the rows x [T, C] -> silu(conv) [T, C]; the window
                   advanced by T rows in place; with `keep`, the window after each token too.
   conv_gates_step: conv_step and the layer's gates (gdn_gates.projected_gates) in one launch, side by
-                  side (NINFER_GDN_CONV_GATES=1; off until measured).
+                  side: a launch and a wait fewer a GDN layer (NINFER_GDN_CONV_GATES, on; H100, stop 38: the
+                  C = 1 step's graph 7.14 -> 7.05 ms, C = 8 10.06 -> 10.04).
   recurrent_step: q/k L2-normalised (q also scaled by Dk^-0.5) and the gated delta rule, token by
                   token, on state [Hv, Dk, Dv] of slot s, in place -> out [T, Hv, Dv]; with `keep`,
                   the state after each token too.
@@ -30,7 +31,7 @@ from .gdn_gates import PROJECTED_WARPS, projected_gate
 
 CONV_BLOCK = 256  # channels a conv program takes
 # Whether a decode step's GDN layers take conv_gates_step (read at each call: bench.py --ab-conv-gates flips it)
-CONV_GATES = os.environ.get("NINFER_GDN_CONV_GATES", "0") == "1"
+CONV_GATES = os.environ.get("NINFER_GDN_CONV_GATES", "1") == "1"
 
 
 @triton.jit

@@ -120,16 +120,6 @@ class QuantizedLinear:
         return (s.view(x.shape), y.view(x.shape) if y is not None else None,
                 [out.reshape(*x.shape[:-1], w.shape[0]) for out, w in zip(ys, weights)])
 
-    def prefetch(self, rows: int) -> bool:
-        """Before a decode step's small kernels: pull this weight's bytes into L2 for its GEMV of `rows` rows
-        after them (kernels/l2_prefetch.py; a tiled weight, as the CUDA GEMV reads it) -> whether it did."""
-        if not self.tiled or rows > GEMV_MAX_ROWS:
-            return False
-        from .l2_prefetch import prefetch  # Triton: GPU installs only
-
-        p = self.parts
-        return prefetch(p["qweight"], p["block_scale"] if self.scheme["kind"] == "nvfp4" else p["scale"])
-
     def _nvfp4_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qweight, block_scale, global_scale), as cuda_ops' NVFP4 GEMVs take a weight."""
         return self.parts["qweight"], self.parts["block_scale"], self.parts["global_scale"]

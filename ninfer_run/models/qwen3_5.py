@@ -31,7 +31,6 @@ from ..layers import (
     gated_rms_norm,
     linear,
     linear_group,
-    prefetch,
     qk_norm_rope,
     rms_norm,
     rope_once,
@@ -148,7 +147,6 @@ class Model(CausalLM):
         c, p = self.cfg, f"layers.{i}.linear_attn."
         x, h, (qkv, z) = project([self._p(p + "in_proj_qkv.weight"), self._p(p + "in_proj_z.weight")], normed=True)
         t = h.shape[0]
-        prefetch(self._p(p + "out_proj.weight"), t)  # read after the small kernels below
         z = z.view(t, c.v_heads, c.v_dim)
         if i in self.gate_inputs:  # bf16: projection and gates in one kernel for decode rows on CUDA
             inputs = GateInputs(h, self.gate_inputs[i], self._p(p + "A_log"), self._p(p + "dt_bias"))
@@ -248,7 +246,6 @@ class Model(CausalLM):
         cos, sin = rope()
         x, _, (qg, k, v) = project([w(f"self_attn.{name}_proj.weight") for name in "qkv"])
         t = qg.shape[0]
-        prefetch(w("self_attn.o_proj.weight"), t)
         qg = qg.view(t, c.num_heads, 2 * c.head_dim)
         q, gate = qg[..., : c.head_dim], qg[..., c.head_dim :]
         q, k = qk_norm_rope(q, k.view(t, c.num_kv_heads, c.head_dim), w("self_attn.q_norm.weight"),

@@ -112,6 +112,21 @@ def test_release_gives_the_state_back_and_frees_the_slot(tiny_model):
         decoder.decode([1, 2, 3], [fresh, states[1], states[0]])
 
 
+def test_release_without_keeping_drops_the_state_and_frees_the_slot(tiny_model):
+    """A finished run's state (its frontier already copied) is not copied out of the slot: its GDN entries
+    are dropped, and the next sequence in that slot decodes as the eager model does."""
+    model = tiny_model("tiny-qwen3.5")
+    pool, layers, decoder = _setup(model, max_batch=1)
+    done = SequenceState(kv=PagedKV(pool, layers))
+    model.forward(torch.tensor(_prompts(1, seed=5)[0]), done)
+    (eager,), (fresh,) = _prefilled_twice(model, pool, layers, _prompts(1, seed=6))
+    decoder.decode([1], [done])
+    slot = decoder.slot_of[id(done)]
+    decoder.release(done, keep_state=False)
+    assert done.conv == {} and done.recurrent == {} and decoder.free_slots == [slot]
+    assert _rel(decoder.decode([2], [fresh]), model.decode_batch(torch.tensor([2]), [eager])) < 1e-3
+
+
 @pytest.mark.parametrize("sequences", [1, 2])
 def test_static_verify_equals_forward_and_rolls_back(tiny_model, sequences, gdn_path):
     """Speculative verifies through the static step (two sequences: in one forward): each forward's
