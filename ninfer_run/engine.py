@@ -10,7 +10,7 @@ costs more than it saves, so they join the plain batched step and their MTP head
 skipped tokens in one forward when they speculate again.
 Finished sequences leave a prefix-cache frontier. Cancellation frees a sequence's blocks at once.
 
-Graphed greedy plain steps overlap the host with the device: a step's tokens stay on the device as
+Graphed plain steps (greedy or sampled) overlap the host with the device: a step's tokens stay on the device as
 the next step's input, and the host reads them (stop checks, streaming, bookkeeping) while that next
 step runs, so the GPU does not idle for the host between steps. A sequence that stops on a token the
 host has not read yet has had one more step fed: its state holds its whole output, stop token
@@ -31,7 +31,7 @@ import torch
 from .graphs import GraphedDecoder
 from .kv.pool import BlockPool, KVLayout, PoolExhausted
 from .kv.prefix import PrefixCache
-from .sampling import SamplingParams, next_token, next_tokens
+from .sampling import SamplingParams, next_token, next_token_ids, next_tokens
 from .spec import MTPDrafter, SpecStats, accept, keeping_steps
 from .state import PagedKV, SequenceState
 from .vision.media import MediaEncoder
@@ -129,10 +129,10 @@ class _Running:
 
 @dataclass
 class _Launched:
-    """A plain greedy step whose tokens the host has not read yet: they stay on the device as the next
+    """A plain step whose tokens the host has not read yet: they stay on the device as the next
     step's input, and their copy to the host lands while that step runs."""
     runs: list[_Running]
-    tokens: torch.Tensor  # [B] the argmax of each row, on the device
+    tokens: torch.Tensor  # [B] each row's next token, on the device
     host: torch.Tensor  # [B] their copy on the host (pinned on CUDA)
     copied: torch.cuda.Event | None  # recorded after the copy (None: a CPU copy is done when issued)
 
@@ -156,7 +156,7 @@ class EngineConfig:
     max_frontiers: int = 32  # prefix-cache frontiers kept (each holds a GDN state snapshot)
     batched_decode: bool = True  # sequences in plain decode share one forward per step (weights read once)
     cuda_graphs: bool | None = None  # decode, verify and draft steps through captured graphs (graphs.py); None: on CUDA
-    overlap_steps: bool = True  # graphed greedy plain steps: the next one launches before the host reads this one's tokens
+    overlap_steps: bool = True  # graphed plain steps: the next one launches before the host reads this one's tokens
 
 
 def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
@@ -399,10 +399,9 @@ class Engine:
             self._emit(run, [token], fed=1)
 
     def _overlaps(self, runs: list[_Running]) -> bool:
-        """The next step of these runs may launch before their tokens are read: graphed, greedy (the
-        argmax is taken on the device) and no MTP head to feed the hidden states to."""
-        return (self.config.overlap_steps and self.graphs is not None
-                and all(run.request.params.greedy and run.drafter is None for run in runs))
+        """The next step of these runs may launch before their tokens are read: graphed (greedy or sampled:
+        both are chosen on the device) and no MTP head to feed the hidden states to."""
+        return self.config.overlap_steps and self.graphs is not None and all(run.drafter is None for run in runs)
 
     def _continues(self, launched: _Launched, batch: list[_Running]) -> bool:
         """This step is the launched one's successor: the same runs, none finishing on its tokens by length."""
@@ -418,14 +417,14 @@ class Engine:
         return True
 
     def _launch(self, runs: list[_Running], logits: torch.Tensor) -> _Launched:
-        """Each row's argmax, left on the device, and its copy to a host buffer (the one the last
+        """Each row's next token, left on the device, and its copy to a host buffer (the one the last
         launched step did not use), without waiting for it."""
         if not self._token_hosts:
             pin = logits.is_cuda
             self._token_hosts = [torch.zeros(self.config.max_concurrency, dtype=torch.long, pin_memory=pin)
                                  for _ in range(2)]
         self._token_hosts.reverse()
-        tokens = logits.argmax(-1)
+        tokens = next_token_ids(logits, [run.request.params for run in runs], [run.generator for run in runs])
         host = self._token_hosts[0][: len(runs)]
         host.copy_(tokens, non_blocking=True)
         copied = None

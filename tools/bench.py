@@ -14,6 +14,7 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     the turn after (the first pays what the warm-up did not compile: the compile count says what);
   - decode: aggregate tok/s at C = 1, 2, 4, 8 vs the weight-bandwidth roofline (bytes every token reads),
     and at C = 1 after 32K- and 100K-token prompts (--decode-context), the KV read added to the roofline;
+    sampled (temperature 0.6, top-p 0.95, top-k 20, seeded) at C = 1 and the largest C;
   - MTP (--draft-tokens 3): at the real acceptance (random weights: near 0) at C = 1, and at a forced
     one (successive verifies accept 3, 0, 2, 1 drafts: 50%) at every C;
   - torch.profiler tables of 8 decode steps at C = 1 and at the largest C (decode_profile*.txt): where
@@ -78,6 +79,7 @@ from ninfer_run.warmup import warm_up  # noqa: E402
 from bench_common import gpu_tag, write_results  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
+SAMPLED = SamplingParams(temperature=0.6, top_p=0.95, top_k=20)  # Qwen's recommended sampling, as agents send it
 OVERLAP_STEPS = EngineConfig.overlap_steps  # the engine's default; --ab-overlap flips it
 FORCED_CYCLE = (3, 0, 2, 1)  # drafts accepted at successive verifies: 1.5 of 3 on average
 
@@ -223,9 +225,10 @@ def _compiled(counts) -> dict:
 
 
 def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: int = 0, forced: bool = False,
-           seed: int = 0, profile_to: Path | None = None) -> dict:
+           seed: int = 0, profile_to: Path | None = None, params: SamplingParams = GREEDY) -> dict:
     """Aggregate decode tok/s once every sequence has its first token; `forced`: see ForcedAcceptance.
-    `profile_to`: also write torch.profiler's top ops of the timed steps there."""
+    `profile_to`: also write torch.profiler's top ops of the timed steps there. `params`: each sequence's
+    sampling (sampled ones seeded seed + i)."""
     warm = 4 * (draft_tokens + 1)
     # room past the timed tokens: speculative steps keep their full draft count to the end, and an overlapped
     # step launched ahead lands in the final drain without ending its run (a run's retirement - frontier,
@@ -240,7 +243,8 @@ def decode(model, concurrency: int, new_tokens: int, prompt: int, draft_tokens: 
     # untimed first: every prompt (a long one takes several chunks), then a few steps in which a graphed
     # engine captures this shape's graphs (decode; verify and drafts with MTP)
     results = [engine.submit(Request(_prompt(prompt, model.cfg.vocab_size, seed + i),
-                                     max_tokens=max_tokens, params=GREEDY))
+                                     max_tokens=max_tokens,
+                                     params=params if params.greedy else dataclasses.replace(params, seed=seed + i)))
                for i in range(concurrency)]
     _steps_until(engine, results, warm)
     engine.drain()  # a step launched ahead (overlapped steps) counts where its device time does
@@ -540,6 +544,12 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
     if not first:
         decode(model, 1, 8, 512, profile_to=args.out / f"decode_profile_{profile}.txt")
         return
+    for c in sorted({1, max(args.concurrency)}):  # sampled on the device, as a client asking for temperature
+        row = decode(model, c, args.new_tokens, 512, params=SAMPLED) | {"variant": "sampled T 0.6 top-p 0.95 top-k 20"}
+        p["decode"].append(row)
+        save()
+        print(f"[{profile}] decode C={c} sampled (T 0.6, top-p 0.95, top-k 20): {row['tok_s']:.1f} tok/s"
+              f"{_step_split(row)}", flush=True)
     for context in args.decode_context:  # decode after a long prompt: the KV read joins the weights'
         row = decode(model, 1, args.new_tokens, context)
         p["decode"].append(row)

@@ -353,9 +353,9 @@ def _spy_decode_rows(engine):
 
 
 def test_overlapped_steps_give_the_tokens_of_steps_read_one_by_one(model):
-    """Graphed greedy steps launched before the host reads the last one's tokens give the same tokens
-    and finish reasons: a batch that shrinks as runs end by length, by a stop token the host reads a
-    step late and by a stop callback, and a sampled run (which is read at once) joining it."""
+    """Graphed steps launched before the host reads the last one's tokens give the same tokens and
+    finish reasons: a batch that shrinks as runs end by length, by a stop token the host reads a step
+    late and by a stop callback, and a sampled run joining it."""
     from ninfer_run.sampling import SamplingParams
 
     prompts = _prompts(5, seed=21)
@@ -374,6 +374,23 @@ def test_overlapped_steps_give_the_tokens_of_steps_read_one_by_one(model):
     assert outputs[True] == outputs[False]
     assert outputs[True][1] == (ref[: ref.index(ref[5]) + 1], "stop")
     assert sum(fed[True]) >= 8 and not any(fed[False])  # steps fed from the device, only when overlapping
+
+
+def test_sampled_runs_overlap_and_draw_as_steps_read_one_by_one(model):
+    """Sampled runs (seeded; top-k, top-p) are drawn on the device and fed to the next step from there,
+    with the tokens each seed gives when every step is read first."""
+    from ninfer_run.sampling import SamplingParams
+
+    params = [SamplingParams(temperature=0.9, top_k=20, seed=5), SamplingParams(temperature=0.7, top_p=0.8, seed=6)]
+    outputs, fed = {}, {}
+    for overlap in (False, True):
+        engine = _engine(model, max_context=1024, max_concurrency=2, cuda_graphs=True, overlap_steps=overlap)
+        fed[overlap] = _spy_decode_rows(engine)
+        results = [engine.submit(Request(p, max_tokens=10, params=q)) for p, q in zip(_prompts(2, seed=8), params)]
+        engine.run_until_done()
+        outputs[overlap] = [r.tokens for r in results]
+    assert outputs[True] == outputs[False] and outputs[True][0] != outputs[True][1]
+    assert sum(fed[True]) >= 6 and not any(fed[False])
 
 
 def test_a_stop_read_a_step_late_leaves_a_frontier_with_the_stop_token(model):

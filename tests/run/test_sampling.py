@@ -5,6 +5,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from ninfer_run import sampling
 from ninfer_run.sampling import SamplingParams, accept_or_resample, next_token, next_tokens, target_probs
 from ninfer_run.spec import generate, generate_speculative
 from ninfer_run.state import SequenceState
@@ -30,6 +31,17 @@ def test_next_tokens_of_a_batch_are_each_rows_next_token():
     batched = next_tokens(logits, params, [torch.Generator().manual_seed(b) for b in range(5)])
     rows = [next_token(logits[b], params[b], torch.Generator().manual_seed(b)) for b in range(5)]
     assert batched == rows and batched[3] == 7
+
+
+def test_draws_follow_p_and_never_pick_a_zero_probability_token(monkeypatch):
+    """The inverse-CDF draw: frequencies as p, and each uniform's token at the edges of its interval."""
+    p = torch.tensor([0.0, 0.0, 0.25, 0.0, 0.5, 0.25, 0.0])
+    g = torch.Generator().manual_seed(1)
+    counts = torch.bincount(torch.tensor([sampling.sample(p, g) for _ in range(20000)]), minlength=7)
+    assert counts[p == 0].sum() == 0 and chisquare(counts[p > 0].numpy(), (p[p > 0] * 20000).numpy()).pvalue > 1e-3
+    for u, want in ((0.0, 2), (0.25, 4), (0.75, 5), (1 - 2**-24, 5)):
+        monkeypatch.setattr(sampling.torch, "rand", lambda *a, u=u, **k: torch.tensor(u))
+        assert sampling.sample(p, None) == want
 
 
 @pytest.mark.parametrize("draft", [0, 3, 5])
