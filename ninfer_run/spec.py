@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import SamplingParams, accept_or_resample, next_token, sample, target_probs
+from .sampling import SamplingParams, accept_or_resample, next_token, probs, sample, target_probs
 from .state import SequenceState
 
 GREEDY = SamplingParams()
@@ -150,7 +150,8 @@ def accept(state: SequenceState, drafts: list[int] | torch.Tensor, hidden: torch
             token = argmax[j]
             ok = token == d
         else:
-            ok, token = accept_or_resample(target_probs(logits[j], params), d, gen)
+            # the row's distribution where the logits are: only scalars cross to the host, not a vocabulary row
+            ok, token = accept_or_resample(probs(logits[j], params), d, gen)
         new.append(token)
         if not ok:
             break
