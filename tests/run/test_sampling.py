@@ -89,3 +89,24 @@ def test_seeds_make_sampling_reproducible(model):
     b = generate(model, prompt, 8, SamplingParams(0.8, 0.9, 20, 123))
     c = [generate(model, prompt, 8, SamplingParams(0.8, 0.9, 20, s)) for s in range(5)]
     assert a == b and any(x != a for x in c)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="device sampling on CUDA")
+def test_device_sampling_waits_for_nothing_and_draws_as_the_host():
+    """A 27B-vocabulary batch sampled on the GPU with no host synchronisation (an overlapped step feeds the
+    tokens to the next one), each row's distribution as the host computes it and each seed's token the same."""
+    from ninfer_run.sampling import next_token_ids, probs
+
+    logits = torch.randn(4, 248_320, generator=torch.Generator().manual_seed(0)) * 3
+    params = [SamplingParams(), SamplingParams(0.6, 0.95, 20), SamplingParams(1.0), SamplingParams(0.7, 0.8)]
+    on_gpu = logits.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ids = next_token_ids(on_gpu, params, [torch.Generator().manual_seed(b) for b in range(4)])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for b, p in enumerate(params):
+        assert (probs(on_gpu[b], p).cpu() - probs(logits[b], p)).abs().max() < 1e-6
+    assert ids.tolist() == next_token_ids(logits, params, [torch.Generator().manual_seed(b) for b in range(4)]).tolist()
