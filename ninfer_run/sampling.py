@@ -27,19 +27,20 @@ class SamplingParams:
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution the sampler draws from: softmax(logits / T) restricted to top-k / top-p, where the
-    logits are (a GPU sorts a 248K vocabulary in ~0.1 ms, a CPU core in ~15 ms) and without a host wait."""
+    """The distribution the sampler draws from, for a logits row or each row of [n, V]: softmax(logits / T)
+    restricted to top-k / top-p, where the logits are (a GPU sorts a 248K vocabulary in ~0.1 ms, a CPU core
+    in ~15 ms) and without a host wait."""
     if params.greedy:
-        return torch.zeros_like(logits, dtype=torch.float32).scatter_(0, logits.argmax().view(1), 1.0)
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     p = torch.softmax(logits.float() / params.temperature, dim=-1)
     if params.top_k:
-        kth = torch.topk(p, min(params.top_k, p.numel())).values[-1]
+        kth = torch.topk(p, min(params.top_k, p.shape[-1]), dim=-1).values[..., -1:]
         p = torch.where(p >= kth, p, torch.zeros_like(p))
     if params.top_p < 1.0:
-        sorted_p, order = torch.sort(p, descending=True)
-        keep = torch.cumsum(sorted_p, 0) - sorted_p < params.top_p * sorted_p.sum()
-        p = torch.where(torch.zeros_like(keep).scatter_(0, order, keep), p, torch.zeros_like(p))
-    return p / p.sum()
+        sorted_p, order = torch.sort(p, dim=-1, descending=True)
+        keep = torch.cumsum(sorted_p, -1) - sorted_p < params.top_p * sorted_p.sum(-1, keepdim=True)
+        p = torch.where(torch.zeros_like(keep).scatter_(-1, order, keep), p, torch.zeros_like(p))
+    return p / p.sum(-1, keepdim=True)
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -47,16 +48,19 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs(logits.cpu(), params)
 
 
-def draw(p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One index from distribution p (on any device; a 0-d tensor there) by the inverse CDF of one uniform
-    from the host `generator`: a seed draws the same way wherever p is, and a GPU draw waits for nothing."""
-    u = float(torch.rand((), generator=generator))
-    cdf = torch.cumsum(p, 0, dtype=torch.float64)
-    return torch.searchsorted(cdf, cdf[-1:] * u, right=True).clamp_(max=p.numel() - 1)[0]
+def draw(p: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One index from each row of distributions p [n, V] (on any device; [n] there) by the inverse CDF of one
+    uniform from that row's host generator: a seed draws the same way wherever p is, and nothing waits for
+    the GPU (the uniforms travel from pinned memory)."""
+    u = torch.tensor([float(torch.rand((), generator=g)) for g in generators], dtype=torch.float64)
+    if p.is_cuda:
+        u = u.pin_memory().to(p.device, non_blocking=True)
+    cdf = torch.cumsum(p, -1, dtype=torch.float64)
+    return torch.searchsorted(cdf, cdf[:, -1:] * u[:, None], right=True).squeeze(1).clamp_(max=p.shape[-1] - 1)
 
 
 def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(draw(p, generator))
+    return int(draw(p[None], [generator])[0])
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
@@ -69,12 +73,16 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
 
 def next_token_ids(logits: torch.Tensor, params: list[SamplingParams],
                    generators: list[torch.Generator | None]) -> torch.Tensor:
-    """next_token of each row of logits [B, V], left where the logits are ([B]): the greedy rows' argmaxes
-    in one launch, each sampled row drawn there too, so an overlapped step can feed them to the next."""
+    """next_token of each row of logits [B, V], left where the logits are ([B]), so an overlapped step can
+    feed them to the next: the greedy rows' argmaxes in one launch, the sampled rows of each sampling
+    setting drawn together (a batch of one client's agents shares one)."""
     ids = logits.argmax(-1)
-    for b, (p, g) in enumerate(zip(params, generators)):
-        if not p.greedy:
-            ids[b] = draw(probs(logits[b], p), g)
+    for setting in dict.fromkeys(p for p in params if not p.greedy):
+        rows = [b for b, p in enumerate(params) if p == setting]
+        index = torch.tensor(rows)
+        if logits.is_cuda:
+            index = index.pin_memory().to(logits.device, non_blocking=True)
+        ids.index_copy_(0, index, draw(probs(logits.index_select(0, index), setting), [generators[b] for b in rows]))
     return ids
 
 

@@ -23,13 +23,14 @@ def test_top_k_top_p_temperature():
 
 
 def test_next_tokens_of_a_batch_are_each_rows_next_token():
-    """A batched step's rows: greedy ones (one argmax launch for all) and sampled ones, each as next_token."""
-    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    """A batched step's rows: greedy ones (one argmax launch for all) and sampled ones (drawn together where
+    they share a setting), each as next_token."""
+    logits = torch.randn(7, 50, generator=torch.Generator().manual_seed(0))
     logits[3, 7] = logits[3, 9] = logits[3].max() + 1  # a tie: the first index, as next_token's
-    params = [SamplingParams(), SamplingParams(temperature=1.0, top_k=5), SamplingParams(), SamplingParams(),
-              SamplingParams(temperature=0.7)]
-    batched = next_tokens(logits, params, [torch.Generator().manual_seed(b) for b in range(5)])
-    rows = [next_token(logits[b], params[b], torch.Generator().manual_seed(b)) for b in range(5)]
+    top_k, top_p = SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.7, top_p=0.9)
+    params = [SamplingParams(), top_k, SamplingParams(), SamplingParams(), top_p, top_k, top_p]
+    batched = next_tokens(logits, params, [torch.Generator().manual_seed(b) for b in range(7)])
+    rows = [next_token(logits[b], params[b], torch.Generator().manual_seed(b)) for b in range(7)]
     assert batched == rows and batched[3] == 7
 
 
@@ -99,7 +100,7 @@ def test_device_sampling_waits_for_nothing_and_draws_as_the_host():
     from ninfer_run.sampling import next_token_ids, probs
 
     logits = torch.randn(4, 248_320, generator=torch.Generator().manual_seed(0)) * 3
-    params = [SamplingParams(), SamplingParams(0.6, 0.95, 20), SamplingParams(1.0), SamplingParams(0.7, 0.8)]
+    params = [SamplingParams(), SamplingParams(0.6, 0.95, 20), SamplingParams(0.6, 0.95, 20), SamplingParams(0.7, 0.8)]
     on_gpu = logits.cuda()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
