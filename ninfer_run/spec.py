@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import SamplingParams, accept_or_resample, next_token, probs, sample, target_probs
+from .sampling import SamplingParams, accept_or_resample, probs, sample, target_probs
 from .state import SequenceState
 
 GREEDY = SamplingParams()
@@ -139,24 +139,25 @@ def accept(state: SequenceState, drafts: list[int] | torch.Tensor, hidden: torch
     `drafts` may still be on the device (graphed drafting): read here, with the argmaxes."""
     new: list[int] = []
     n = len(drafts)
-    argmax = None
+    argmax = dist = None
     if params.greedy:  # the drafts and every row's argmax in one device-to-host read, not one per draft
         both = torch.cat([torch.as_tensor(drafts, device=logits.device), logits[: n + 1].argmax(-1)]).tolist()
         drafts, argmax = both[:n], both[n:]
-    elif isinstance(drafts, torch.Tensor):
-        drafts = drafts.tolist()
+    else:  # every row's distribution where the logits are, in one batch: only scalars cross to the host
+        dist = probs(logits[: n + 1], params)
+        if isinstance(drafts, torch.Tensor):
+            drafts = drafts.tolist()
     for j, d in enumerate(drafts):
         if argmax is not None:  # no randomness at all: accept iff the draft is the argmax
             token = argmax[j]
             ok = token == d
         else:
-            # the row's distribution where the logits are: only scalars cross to the host, not a vocabulary row
-            ok, token = accept_or_resample(probs(logits[j], params), d, gen)
+            ok, token = accept_or_resample(dist[j], d, gen)
         new.append(token)
         if not ok:
             break
     else:
-        bonus = argmax[len(drafts)] if argmax is not None else next_token(logits[len(drafts)], params, gen)
+        bonus = argmax[len(drafts)] if argmax is not None else sample(dist[len(drafts)], gen)
         new.append(bonus)
     accepted = len(new) - 1
     state.rollback(accepted + 1)

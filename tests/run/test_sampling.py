@@ -7,7 +7,7 @@ from scipy.stats import chisquare
 
 from ninfer_run import sampling
 from ninfer_run.sampling import SamplingParams, accept_or_resample, next_token, next_tokens, target_probs
-from ninfer_run.spec import generate, generate_speculative
+from ninfer_run.spec import generate, generate_greedy, generate_speculative
 from ninfer_run.state import SequenceState
 
 
@@ -60,27 +60,41 @@ def model(tiny_model):
     return tiny_model("tiny-qwen3.5")
 
 
-def test_speculative_sampling_keeps_the_joint_distribution(model):
-    """P(t1, t2) under top-k 3 sampling, exact from the model vs MTP-speculative samples."""
+def _exact_joint(model, prompt, params, n) -> dict[tuple[int, ...], float]:
+    """P(t1 .. tn) of plain sampling, every continuation enumerated (top-k keeps it small)."""
+    _, logits = model.forward(prompt, SequenceState())
+    joint = {(): 1.0}
+    for _ in range(n):
+        longer = {}
+        for seq, p in joint.items():
+            lg = logits if not seq else model.forward(torch.cat((prompt, torch.tensor(seq))), SequenceState())[1]
+            step = target_probs(lg[-1], params)
+            for t in step.nonzero().flatten().tolist():
+                longer[(*seq, t)] = p * float(step[t])
+        joint = longer
+    return joint
+
+
+@pytest.mark.parametrize("draft_tokens, n, runs, greedy_drafts", [(1, 2, 500, False), (2, 3, 800, True),
+                                                                   (1, 3, 800, True)])
+def test_speculative_sampling_keeps_the_joint_distribution(model, draft_tokens, n, runs, greedy_drafts):
+    """P(t1 .. tn) under top-k 3 sampling, exact from the model vs speculative samples: the MTP head's drafts
+    (random weights: rarely accepted), or the target's own greedy continuation (often accepted: t2 and t3
+    from one verify's rows, or t3 the bonus token after an accepted draft)."""
     params = SamplingParams(temperature=1.0, top_k=3)
     prompt = torch.randint(0, 512, (6,), generator=torch.Generator().manual_seed(7))
-    _, logits = model.forward(prompt, SequenceState())
-    p1 = target_probs(logits[-1], params)
-    exact = {}
-    for t1 in p1.nonzero().flatten().tolist():
-        _, lg = model.forward(torch.cat((prompt, torch.tensor([t1]))), SequenceState())
-        p2 = target_probs(lg[-1], params)
-        for t2 in p2.nonzero().flatten().tolist():
-            exact[(t1, t2)] = float(p1[t1] * p2[t2])
-    runs = 500
+    exact = _exact_joint(model, prompt, params, n)
+    drafter = None if not greedy_drafts else (
+        lambda k, out: generate_greedy(model, torch.cat((prompt, torch.tensor(out))), k))
     counts = dict.fromkeys(exact, 0)
     for seed in range(runs):
-        out, _ = generate_speculative(model, prompt, 2, 1, params=SamplingParams(1.0, 1.0, 3, seed))
+        out, _ = generate_speculative(model, prompt, n, draft_tokens, drafter=drafter,
+                                      params=SamplingParams(1.0, 1.0, 3, seed))
         counts[tuple(out)] += 1
     keys = list(exact)
     total = sum(exact.values())  # 1 up to float32 rounding, which chisquare's sum check would trip on
     assert chisquare([counts[k] for k in keys], [exact[k] / total * runs for k in keys]).pvalue > 1e-3
-    plain = generate(model, prompt, 2, SamplingParams(1.0, 1.0, 3, 0))
+    plain = generate(model, prompt, n, SamplingParams(1.0, 1.0, 3, 0))
     assert tuple(plain) in exact
 
 
