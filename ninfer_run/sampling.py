@@ -48,13 +48,18 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs(logits.cpu(), params)
 
 
+def _to(device: torch.device, values: list, dtype: torch.dtype) -> torch.Tensor:
+    """A few host values on `device`; to a GPU from pinned memory, so the host does not wait for the stream
+    (as kv.pool.BlockPool.device_table does for block tables)."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
 def draw(p: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
     """One index from each row of distributions p [n, V] (on any device; [n] there) by the inverse CDF of one
     uniform from that row's host generator: a seed draws the same way wherever p is, and nothing waits for
     the GPU (the uniforms travel from pinned memory)."""
-    u = torch.tensor([float(torch.rand((), generator=g)) for g in generators], dtype=torch.float64)
-    if p.is_cuda:
-        u = u.pin_memory().to(p.device, non_blocking=True)
+    u = _to(p.device, [float(torch.rand((), generator=g)) for g in generators], torch.float64)
     cdf = torch.cumsum(p, -1, dtype=torch.float64)
     return torch.searchsorted(cdf, cdf[:, -1:] * u[:, None], right=True).squeeze(1).clamp_(max=p.shape[-1] - 1)
 
@@ -79,9 +84,7 @@ def next_token_ids(logits: torch.Tensor, params: list[SamplingParams],
     ids = logits.argmax(-1)
     for setting in dict.fromkeys(p for p in params if not p.greedy):
         rows = [b for b, p in enumerate(params) if p == setting]
-        index = torch.tensor(rows)
-        if logits.is_cuda:
-            index = index.pin_memory().to(logits.device, non_blocking=True)
+        index = _to(logits.device, rows, torch.long)
         ids.index_copy_(0, index, draw(probs(logits.index_select(0, index), setting), [generators[b] for b in rows]))
     return ids
 

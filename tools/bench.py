@@ -27,10 +27,10 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     --ab-fused-glu, with SwiGLU's SiLU-mul written by gate and up's launch and by a kernel of its own
     (cuda_ops.FUSED_GLU flipped); with --ab-triton-pdl, with the step's Triton kernels launched as
     programmatic dependents of the kernel ahead and as plain launches (kernels.common.TRITON_PDL flipped);
-    with --ab-conv-gates, with a GDN
-    layer's conv and gates in one launch and in two (kernels.gdn_decode.CONV_GATES); with --ab-overlap, with
-    the host reading a step's tokens while the next step runs and after it (OVERLAP_STEPS); with --ab-mlp-pipeline
-    NAME, with the MLP's GEMVs alone streamed through NAME (cuda_ops.MLP_PIPELINE); with
+    with --ab-conv-gates, with a GDN layer's conv and gates in one launch and in two
+    (kernels.gdn_decode.CONV_GATES); with --ab-overlap, with the host reading a step's tokens while the next
+    step runs and after it (OVERLAP_STEPS); with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone
+    streamed through NAME (cuda_ops.MLP_PIPELINE); with
     --ab-prefill-attention MODE, each prefill (the longest with its next turns) in the default long-chunk
     attention and in MODE, back to back (prefill_modes); with
     --anatomy, each concurrency's step with the GDN layers' chain of small kernels left out, the attention
@@ -80,6 +80,7 @@ from bench_common import gpu_tag, write_results  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = SamplingParams(temperature=0.6, top_p=0.95, top_k=20)  # Qwen's recommended sampling, as agents send it
+SAMPLED_LABEL = "sampled T 0.6 top-p 0.95 top-k 20"
 OVERLAP_STEPS = EngineConfig.overlap_steps  # the engine's default; --ab-overlap flips it
 FORCED_CYCLE = (3, 0, 2, 1)  # drafts accepted at successive verifies: 1.5 of 3 on average
 
@@ -545,11 +546,10 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
         decode(model, 1, 8, 512, profile_to=args.out / f"decode_profile_{profile}.txt")
         return
     for c in sorted({1, max(args.concurrency)}):  # sampled on the device, as a client asking for temperature
-        row = decode(model, c, args.new_tokens, 512, params=SAMPLED) | {"variant": "sampled T 0.6 top-p 0.95 top-k 20"}
+        row = decode(model, c, args.new_tokens, 512, params=SAMPLED) | {"variant": SAMPLED_LABEL}
         p["decode"].append(row)
         save()
-        print(f"[{profile}] decode C={c} sampled (T 0.6, top-p 0.95, top-k 20): {row['tok_s']:.1f} tok/s"
-              f"{_step_split(row)}", flush=True)
+        print(f"[{profile}] decode C={c} ({SAMPLED_LABEL}): {row['tok_s']:.1f} tok/s{_step_split(row)}", flush=True)
     for context in args.decode_context:  # decode after a long prompt: the KV read joins the weights'
         row = decode(model, 1, args.new_tokens, context)
         p["decode"].append(row)
