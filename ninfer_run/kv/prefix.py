@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..state import PagedKV, SequenceState
+from .host_slabs import HostSlabs
 from .pool import BlockPool, PoolExhausted
 
 
@@ -27,6 +28,7 @@ class Frontier:
     blocks: list[int]
     conv: dict[int, torch.Tensor]
     recurrent: dict[int, torch.Tensor]
+    slab: torch.Tensor  # the host slab `conv` and `recurrent` lie in
     last_used: int = 0
 
 
@@ -58,6 +60,10 @@ class PrefixCache:
     frontiers: list[Frontier] = field(default_factory=list)
     stats: PrefixStats = field(default_factory=PrefixStats)
     _clock: itertools.count = field(default_factory=itertools.count)
+    slabs: HostSlabs = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slabs = HostSlabs(self.max_frontiers, pin=self.pool.k.device.type == "cuda")
 
     def insert(self, tokens: list[int], state: SequenceState) -> None:
         """Keep the finished sequence's state as a frontier (the cache takes over its blocks)."""
@@ -83,11 +89,14 @@ class PrefixCache:
     def _add(self, tokens: list[int], blocks: list[int], state: SequenceState) -> None:
         """A frontier owning `blocks` (one reference each) and a copy of the state's GDN snapshot, kept in
         host memory (147 MiB a snapshot on the 27B: the GPU's memory is for weights and KV; memory.py
-        plans them there)."""
-        self.frontiers.append(Frontier(tuple(tokens), blocks, _to_host(state.conv), _to_host(state.recurrent),
-                                       next(self._clock)))
-        while len(self.frontiers) > self.max_frontiers:
-            self._evict_one()
+        plans them there). The least recently used frontier goes first, so its slab takes the copy."""
+        while len(self.frontiers) >= self.max_frontiers and self._evict_one():
+            pass
+        if self.max_frontiers < 1:
+            self.pool.release(blocks)
+            return
+        conv, recurrent, slab = self.slabs.snapshot(state.conv, state.recurrent)
+        self.frontiers.append(Frontier(tuple(tokens), blocks, conv, recurrent, slab, next(self._clock)))
 
     def _evict_one(self) -> bool:
         if not self.frontiers:
@@ -95,6 +104,7 @@ class PrefixCache:
         victim = min(self.frontiers, key=lambda f: f.last_used)
         self.frontiers.remove(victim)
         self.pool.release(victim.blocks)
+        self.slabs.give_back(victim.slab)
         return True
 
     def clear(self) -> None:
@@ -140,29 +150,10 @@ class PrefixCache:
             state.kv.blocks.append(fresh)
         if full:
             device = self.pool.k.device
-            state.conv, state.recurrent = _copy(best.conv, device), _copy(best.recurrent, device)
+            state.conv, state.recurrent = self.slabs.restore(best.conv, device), self.slabs.restore(best.recurrent, device)
             self.stats.full_hits += 1
         else:
             self.stats.partial_hits += 1
         state.length = best_len
         self.stats.cached_tokens += best_len
         return state, best_len
-
-
-def _to_host(tensors: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-    """Copies in host memory. From a GPU into pinned buffers, without waiting for the copies (a
-    synchronous copy of the 27B's 147 MiB snapshot stalled every step for ~34 ms): nothing reads them
-    on the host, and the copy back to the device (`_copy`) is queued after them on the same stream."""
-    out = {}
-    for key, t in tensors.items():
-        if t.is_cuda:
-            out[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            out[key].copy_(t, non_blocking=True)
-        else:
-            out[key] = t.clone()
-    return out
-
-
-def _copy(tensors: dict[int, torch.Tensor], device) -> dict[int, torch.Tensor]:
-    """Copies on `device` (from pinned snapshots without a host wait)."""
-    return {k: v.to(device, copy=True, non_blocking=v.is_pinned()) for k, v in tensors.items()}

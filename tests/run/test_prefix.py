@@ -12,8 +12,9 @@ def models(tiny_model):
     return {model_id: tiny_model(model_id) for model_id in ("tiny-qwen3.5", "tiny-qwen3")}
 
 
-def _cache(model, blocks=64, block_size=16):
-    return build_engine(model, EngineConfig(max_context=blocks * block_size, block_size=block_size)).cache
+def _cache(model, blocks=64, block_size=16, max_frontiers=32):
+    config = EngineConfig(max_context=blocks * block_size, block_size=block_size, max_frontiers=max_frontiers)
+    return build_engine(model, config).cache
 
 
 def _fresh_logits(model, cache, tokens):
@@ -91,3 +92,21 @@ def test_agent_session_hit_rate(models, record_property):
     record_property("agent_session_cached_fraction", rate)
     print(f"hit rate: {s.full_hits} of {s.lookups} lookups, {s.cached_tokens}/{s.prompt_tokens} prompt tokens cached ({rate:.0%})")
     assert s.full_hits == 4 and s.misses == 1 and rate > 0.6
+
+
+def test_an_evicted_frontiers_slab_holds_the_next_snapshot(models):
+    """One frontier allowed: each turn's snapshot goes into the slab of the frontier it evicts, and
+    resuming from it still gives the logits of a fresh prefill."""
+    model = models["tiny-qwen3.5"]
+    cache = _cache(model, max_frontiers=1)
+    g = torch.Generator().manual_seed(5)
+    _turn(model, cache, torch.randint(0, 512, (30,), generator=g).tolist())
+    first_slab = cache.frontiers[0].slab
+    _, _, history = _turn(model, cache, torch.randint(0, 512, (30,), generator=g).tolist())
+    assert len(cache.frontiers) == 1 and cache.slabs.created == 1
+    assert cache.frontiers[0].slab.data_ptr() == first_slab.data_ptr()
+    follow = history + torch.randint(0, 512, (7,), generator=g).tolist()
+    cached, logits, _ = _turn(model, cache, follow)
+    assert cached == len(history)
+    reference = _fresh_logits(model, cache, follow)[cached:]
+    assert float((logits - reference).abs().max()) <= 1e-4 * float(reference.abs().max())
