@@ -1,7 +1,7 @@
 """Where an overlapped decode step loses its time (issue 6, stop 38's overlap measured 1.3-3.3 ms a step
 slower than the plain order on an H100, while the same run under torch.profiler was not).
 
-    python tools/probe_overlap.py [--out DIR] [--concurrency 1 8] [--new-tokens 48]
+    python tools/probe_overlap.py [--out DIR] [--concurrency 1 8] [--new-tokens 48] [--retire-runs 10]
 
 The 27B (nvfp4, random weights) decoded through the engine in each order:
   plain       the host reads a step's tokens, then launches the next (overlap_steps=False)
@@ -131,9 +131,33 @@ def run(model, order: str, concurrency: int, new_tokens: int, log: ReplayLog) ->
 
     engine._retire = timed_retire
     engine.run_until_done()
-    row["retire_ms"] = 1000 * statistics.mean(retiring)  # host time a run's retirement holds the engine's loop
+    # host time a run's retirement holds the engine's loop; the first of an engine lays out its snapshot slabs
+    row["retire_ms"] = 1000 * statistics.mean(retiring)
+    row["retire_ms_first"], row["retire_ms_rest_max"] = 1000 * retiring[0], 1000 * max(retiring[1:], default=0)
     del engine
     return row
+
+
+def retirements(model, runs: int, frontiers: int) -> dict:
+    """One engine serving `runs` short requests one after another (as a server does): the host time each one's
+    retirement holds the engine's loop - the first lays out the snapshot slabs, the rest take a slab locked
+    ahead or, past `frontiers`, the evicted frontier's."""
+    engine = build_engine(model, EngineConfig(max_context=1024, max_concurrency=1, block_size=64, prefill_chunk=4096,
+                                              max_frontiers=frontiers))
+    retire, times = engine._retire, []
+
+    def timed_retire(*a, **k):
+        t = time.perf_counter()
+        retire(*a, **k)
+        times.append(1000 * (time.perf_counter() - t))
+
+    engine._retire = timed_retire
+    for i in range(runs):
+        engine.submit(Request(bench._prompt(512, model.cfg.vocab_size, 100 + i), max_tokens=8, params=bench.GREEDY))
+        engine.run_until_done()
+        time.sleep(0.2)  # a client's think time: the slab locked ahead is ready by the next finish
+    torch.cuda.synchronize()
+    return {"runs": runs, "frontiers": frontiers, "retire_ms": times}
 
 
 def main() -> None:
@@ -142,10 +166,16 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--orders", nargs="+", choices=ORDERS, default=list(ORDERS))
+    parser.add_argument("--retire-runs", type=int, default=0,
+                        help="also serve this many requests one after another, 4 frontiers kept, timing each retirement")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = bench.build_model("qwen3.8-27b", "nvfp4", "cuda", torch.bfloat16)[0]
     log = ReplayLog()
+    if args.retire_runs:
+        served = retirements(model, args.retire_runs, 4)
+        (args.out / "probe_retire.json").write_text(json.dumps(served, indent=1))
+        print("retirements one after another (ms):", " ".join(f"{t:.1f}" for t in served["retire_ms"]), flush=True)
     rows = []
     for c in args.concurrency:
         run(model, "plain", c, 8, log)  # compiles and captures, untimed
