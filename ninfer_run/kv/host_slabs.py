@@ -5,8 +5,9 @@ A GPU snapshot (147 MiB on the 27B) copied out into freshly pinned memory held t
 decode, and torch's pinned allocator rounds each tensor up to a power of two (3 -> 4 MiB: a third more
 locked memory than memory.py plans). So each frontier takes one slab of exactly a snapshot's bytes,
 page-locked once (cudaHostRegister) and handed to the next frontier when its own is evicted; while no
-slab is free and fewer than the cap exist, the next one is locked ahead in a background thread. On a
-CPU engine the slabs are plain memory (nothing to lock).
+slab is free and fewer than the cap exist, the next one is locked ahead in a background thread. The
+server's warm-up finishes requests, so its first slabs are laid out and locked before any user's request.
+On a CPU engine the slabs are plain memory (nothing to lock).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class HostSlabs:
         self._lock = threading.Lock()
         self._ahead: threading.Thread | None = None
         self._locked: list[tuple[int, torch.Tensor]] = []  # (pointer, slab) to unlock when the pool goes
-        weakref.finalize(self, _unlock, self._locked)
+        weakref.finalize(self, _unlock, self._locked).atexit = False  # at exit the process's memory goes anyway
 
     def snapshot(self, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]):
         """Copies of `conv` and `recurrent` in a slab -> (conv, recurrent, slab). From a GPU the copies are

@@ -66,3 +66,14 @@ def test_gpu_snapshots_are_page_locked_queued_and_locked_ahead():
     assert all(torch.equal(back[k], recurrent[k]) for k in recurrent)
     slabs._ahead.join()  # the next slab was locked in the background
     assert slabs.created == 2 and len(slabs._free) == 1 and slabs._free[0].is_pinned()
+
+
+def test_the_warm_up_lays_out_slabs_the_first_requests_find_free(tiny_model):
+    from ninfer_run.engine import EngineConfig, build_engine
+    from ninfer_run.warmup import warm_up
+
+    model = tiny_model("tiny-qwen3.5")
+    engine = build_engine(model, EngineConfig(max_context=1024, block_size=16))
+    warm_up(engine, model.cfg.vocab_size)
+    slabs = engine.cache.slabs
+    assert not engine.cache.frontiers and slabs.created >= 1 and len(slabs._free) == slabs.created
