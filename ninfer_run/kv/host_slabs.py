@@ -21,6 +21,7 @@ import torch
 
 log = logging.getLogger("ninfer.prefix")
 _ALIGN = 256  # bytes: every view starts aligned for any dtype
+_PORTABLE = 1  # cudaHostRegisterPortable
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,11 @@ class SnapshotLayout:
 
 
 class HostSlabs:
-    """At most `cap` slabs of one layout (the first snapshot's); page-locked when `pin` (a CUDA engine)."""
+    """At most `cap` slabs of one layout (the first snapshot's) for an engine on `device`; page-locked there
+    when it is a GPU."""
 
-    def __init__(self, cap: int, pin: bool):
-        self.cap, self.pin = cap, pin
+    def __init__(self, cap: int, device: torch.device):
+        self.cap, self.device, self.pin = cap, device, device.type == "cuda"
         self.layout: SnapshotLayout | None = None
         self.created = 0  # slabs made (or being made), never more than cap
         self._free: list[torch.Tensor] = []
@@ -120,7 +122,8 @@ class HostSlabs:
 
     def _make_ahead(self) -> None:
         try:
-            self.give_back(self._make())
+            with torch.cuda.device(self.device):  # this thread's CUDA calls on the engine's device, not device 0
+                self.give_back(self._make())
         except RuntimeError:  # not now (out of host memory?): the next snapshot makes its own, or says why
             self._count_one(-1)
 
@@ -128,7 +131,8 @@ class HostSlabs:
         slab = torch.empty(self.layout.nbytes, dtype=torch.uint8)
         if self.pin and slab.numel():
             pointer = slab.data_ptr()
-            error = int(torch.cuda.cudart().cudaHostRegister(pointer, slab.numel(), 0))
+            # portable: locked for every device's context, not only the one current in this (maybe background) thread
+            error = int(torch.cuda.cudart().cudaHostRegister(pointer, slab.numel(), _PORTABLE))
             if error:  # still a snapshot, copied with a host wait (a locked-memory limit, e.g. ulimit -l)
                 log.warning("a %.0f MiB frontier snapshot slab could not be page-locked (CUDA error %d): its copies "
                             "will wait for the GPU", slab.numel() / 2**20, error)

@@ -63,7 +63,7 @@ class PrefixCache:
     slabs: HostSlabs = field(init=False)
 
     def __post_init__(self) -> None:
-        self.slabs = HostSlabs(self.max_frontiers, pin=self.pool.k.device.type == "cuda")
+        self.slabs = HostSlabs(self.max_frontiers, self.pool.k.device)
 
     def insert(self, tokens: list[int], state: SequenceState) -> None:
         """Keep the finished sequence's state as a frontier (the cache takes over its blocks)."""

@@ -20,7 +20,7 @@ def test_layout_places_every_tensor_apart_and_aligned():
                    for entries in (layout.conv, layout.recurrent) for _, shape, dtype, off in entries)
     assert all(a % 256 == 0 for a, _ in spans) and all(b <= c for (_, b), (c, _) in zip(spans, spans[1:]))
     assert spans[-1][1] <= layout.nbytes
-    slabs = HostSlabs(cap=2, pin=False)
+    slabs = HostSlabs(cap=2, device=torch.device("cpu"))
     host_conv, host_recurrent, _ = slabs.snapshot(conv, recurrent)
     for src, dst in ((conv, host_conv), (recurrent, host_recurrent)):
         assert src.keys() == dst.keys()
@@ -29,7 +29,7 @@ def test_layout_places_every_tensor_apart_and_aligned():
 
 
 def test_a_given_back_slab_is_reused_and_the_cap_holds():
-    slabs = HostSlabs(cap=2, pin=False)
+    slabs = HostSlabs(cap=2, device=torch.device("cpu"))
     _, _, a = slabs.snapshot(*_state(seed=1))
     _, _, b = slabs.snapshot(*_state(seed=2))
     assert slabs.created == 2 and a.data_ptr() != b.data_ptr()
@@ -43,7 +43,7 @@ def test_a_given_back_slab_is_reused_and_the_cap_holds():
 
 
 def test_a_snapshot_of_other_shapes_is_refused():
-    slabs = HostSlabs(cap=4, pin=False)
+    slabs = HostSlabs(cap=4, device=torch.device("cpu"))
     conv, recurrent = _state()
     slabs.snapshot(conv, recurrent)
     recurrent[1] = torch.zeros(2, 4, 6)
@@ -55,7 +55,7 @@ def test_a_snapshot_of_other_shapes_is_refused():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_snapshots_are_page_locked_queued_and_locked_ahead():
     conv, recurrent = _state("cuda", seed=5)
-    slabs = HostSlabs(cap=3, pin=True)
+    slabs = HostSlabs(cap=3, device=torch.device("cuda"))
     torch.cuda.set_sync_debug_mode("error")  # a copy that waits for the GPU raises
     try:
         host_conv, host_recurrent, slab = slabs.snapshot(conv, recurrent)
