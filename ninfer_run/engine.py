@@ -180,6 +180,9 @@ def build_engine(model, config: EngineConfig, clock: Callable[[], float] = time.
         engine.graphs = GraphedDecoder(model, pool, layers, config.max_concurrency, model.dtype, config.draft_tokens,
                                        mtp_pool)
         engine.verify_rows = engine.graphs.verify_batch
+        if engine.graphs.slab is not None:  # a sequence's GDN state is shaped as a slot of the slab
+            slab = engine.graphs.slab
+            cache.slabs.prepare({i: t[0] for i, t in slab.conv.items()}, {i: t[0] for i, t in slab.recurrent.items()})
     return engine
 
 

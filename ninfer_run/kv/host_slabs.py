@@ -34,10 +34,12 @@ class SnapshotLayout:
 
     @classmethod
     def of(cls, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]) -> SnapshotLayout:
+        """By layer key (the order a state's dicts were filled in does not matter)."""
         offset, parts = 0, []
         for tensors in (conv, recurrent):
             entries = []
-            for key, t in tensors.items():
+            for key in sorted(tensors):
+                t = tensors[key]
                 entries.append((key, tuple(t.shape), t.dtype, offset))
                 offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
             parts.append(tuple(entries))
@@ -66,6 +68,13 @@ class HostSlabs:
         self._ahead: threading.Thread | None = None
         self._locked: list[tuple[int, torch.Tensor]] = []  # (pointer, slab) to unlock when the pool goes
         weakref.finalize(self, _unlock, self._locked).atexit = False  # at exit the process's memory goes anyway
+
+    def prepare(self, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]) -> None:
+        """Lay the slabs out for states shaped as these (an engine's GDN slab slot, before any request) and
+        lock the first one in the background, so that no retirement waits for it."""
+        if self.layout is None:
+            self.layout = SnapshotLayout.of(conv, recurrent)
+            self._lock_ahead()
 
     def snapshot(self, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]):
         """Copies of `conv` and `recurrent` in a slab -> (conv, recurrent, slab). From a GPU the copies are
@@ -104,11 +113,15 @@ class HostSlabs:
             except RuntimeError:
                 self._count_one(-1)
                 raise
+        self._lock_ahead()
+        return slab
+
+    def _lock_ahead(self) -> None:
+        """Start locking the next slab in a background thread, where none is free and the cap allows."""
         if self.pin and not self._free and self.created < self.cap and not (self._ahead and self._ahead.is_alive()):
             self._count_one()
             self._ahead = threading.Thread(target=self._make_ahead, daemon=True)
             self._ahead.start()
-        return slab
 
     def _pop(self) -> torch.Tensor | None:
         with self._lock:

@@ -20,6 +20,7 @@ def test_layout_places_every_tensor_apart_and_aligned():
                    for entries in (layout.conv, layout.recurrent) for _, shape, dtype, off in entries)
     assert all(a % 256 == 0 for a, _ in spans) and all(b <= c for (_, b), (c, _) in zip(spans, spans[1:]))
     assert spans[-1][1] <= layout.nbytes
+    assert SnapshotLayout.of(dict(reversed(conv.items())), dict(reversed(recurrent.items()))) == layout
     slabs = HostSlabs(cap=2, device=torch.device("cpu"))
     host_conv, host_recurrent, _ = slabs.snapshot(conv, recurrent)
     for src, dst in ((conv, host_conv), (recurrent, host_recurrent)):
@@ -77,3 +78,20 @@ def test_the_warm_up_lays_out_slabs_the_first_requests_find_free(tiny_model):
     warm_up(engine, model.cfg.vocab_size)
     slabs = engine.cache.slabs
     assert not engine.cache.frontiers and slabs.created >= 1 and len(slabs._free) == slabs.created
+
+
+def test_an_engine_lays_out_its_slabs_before_any_request_as_its_requests_fill_them(tiny_model):
+    """The layout taken from the decode graphs' GDN slab is the one a finished request's state has (else the
+    snapshot would be refused), whatever order the request's state was filled in."""
+    from ninfer_run.engine import EngineConfig, Request, build_engine
+    from ninfer_run.sampling import SamplingParams
+
+    model = tiny_model("tiny-qwen3.5")
+    engine = build_engine(model, EngineConfig(max_context=512, block_size=16, cuda_graphs=True))
+    assert engine.cache.slabs.layout is not None and engine.cache.slabs.created == 0  # a CPU locks nothing ahead
+    prepared = engine.cache.slabs.layout
+    engine.submit(Request(list(range(1, 40)), max_tokens=4, params=SamplingParams()))
+    engine.run_until_done()
+    assert len(engine.cache.frontiers) == 1 and engine.cache.slabs.layout == prepared
+    assert engine.cache.slabs.layout.nbytes >= sum(t.numel() * t.element_size() for f in engine.cache.frontiers
+                                                   for t in (*f.conv.values(), *f.recurrent.values()))
