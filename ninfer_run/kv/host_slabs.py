@@ -5,9 +5,9 @@ A GPU snapshot (147 MiB on the 27B) copied out into freshly pinned memory held t
 decode, and torch's pinned allocator rounds each tensor up to a power of two (3 -> 4 MiB: a third more
 locked memory than memory.py plans). So each frontier takes one slab of exactly a snapshot's bytes,
 page-locked once (cudaHostRegister) and handed to the next frontier when its own is evicted; while no
-slab is free and fewer than the cap exist, the next one is locked ahead in a background thread. The
-server's warm-up finishes requests, so its first slabs are laid out and locked before any user's request.
-On a CPU engine the slabs are plain memory (nothing to lock).
+slab is free and fewer than the cap exist, the next one is locked ahead in a background thread, the first
+as the engine is built (`prepare`, from its decode graphs' GDN slab). On a CPU engine the slabs are plain
+memory (nothing to lock).
 """
 
 from __future__ import annotations
