@@ -63,7 +63,7 @@ for stage in $stages; do
                  --launch-skip 2 --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
                  --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
                  --section SourceCounters python3 tools/bench_kernels.py ${NCU_BENCH_ARGS:---attention-sweep --attention-cells 32768 1} \
-                 --out "$OUT" > "$OUT/ncu_report.txt" 2>&1; echo "ncu: exit $?"; grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|Stall|Executed Ipc" "$OUT/ncu_report.txt" | head -40 ;;
+                 --out "$OUT" > "$OUT/ncu_report.txt" 2>&1; echo "ncu: exit $?"; grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|Stall|Executed Ipc|Issued Ipc|Issue Slots" "$OUT/ncu_report.txt" | head -40 ;;
         chain) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --chain ${CHAIN_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench_chain.log" | grep chain ;;
         kernels) timeout ${KERNELS_S:-300} python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" | tail -40 ;;
         bench) # the GPU's clocks, temperature, power and throttle reasons every 2 s beside it (prefill is
