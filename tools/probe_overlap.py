@@ -100,6 +100,20 @@ def waiting(decoder: GraphedDecoder) -> None:
     decoder.decode_rows = after_the_step_ahead
 
 
+def timing_retirements(engine) -> list[float]:
+    """From now on, the host time (ms) each of the engine's finished runs holds its loop in retirement (the
+    frontier's GDN snapshot to the host, the GDN slot freed), appended to the list returned."""
+    retire, times = engine._retire, []
+
+    def timed(*a, **k):
+        t = time.perf_counter()
+        retire(*a, **k)
+        times.append(1000 * (time.perf_counter() - t))
+
+    engine._retire = timed
+    return times
+
+
 def run(model, order: str, concurrency: int, new_tokens: int, log: ReplayLog) -> dict:
     config = EngineConfig(max_context=concurrency * 1024, max_concurrency=concurrency, block_size=64,
                           prefill_chunk=4096, max_frontiers=1, overlap_steps=order != "plain")
@@ -122,18 +136,10 @@ def run(model, order: str, concurrency: int, new_tokens: int, log: ReplayLog) ->
     made = sum(len(r.tokens) for r in results) - start
     row = {"order": order, "concurrency": concurrency, "tok_s": made / seconds,
            "step_ms": 1000 * seconds * concurrency / made, **log.summary()}
-    retire, retiring = engine._retire, []
-
-    def timed_retire(*a, **k):  # a finished run's frontier (GDN snapshot to the host) and GDN slot
-        t = time.perf_counter()
-        retire(*a, **k)
-        retiring.append(time.perf_counter() - t)
-
-    engine._retire = timed_retire
+    retiring = timing_retirements(engine)
     engine.run_until_done()
-    # host time a run's retirement holds the engine's loop; the first of an engine lays out its snapshot slabs
-    row["retire_ms"] = 1000 * statistics.mean(retiring)
-    row["retire_ms_first"], row["retire_ms_rest_max"] = 1000 * retiring[0], 1000 * max(retiring[1:], default=0)
+    row["retire_ms"] = statistics.mean(retiring)
+    row["retire_ms_first"], row["retire_ms_rest_max"] = retiring[0], max(retiring[1:], default=0)
     del engine
     return row
 
@@ -144,14 +150,7 @@ def retirements(model, runs: int, frontiers: int) -> dict:
     ahead or, past `frontiers`, the evicted frontier's."""
     engine = build_engine(model, EngineConfig(max_context=1024, max_concurrency=1, block_size=64, prefill_chunk=4096,
                                               max_frontiers=frontiers))
-    retire, times = engine._retire, []
-
-    def timed_retire(*a, **k):
-        t = time.perf_counter()
-        retire(*a, **k)
-        times.append(1000 * (time.perf_counter() - t))
-
-    engine._retire = timed_retire
+    times = timing_retirements(engine)
     for i in range(runs):
         engine.submit(Request(bench._prompt(512, model.cfg.vocab_size, 100 + i), max_tokens=8, params=bench.GREEDY))
         engine.run_until_done()

@@ -97,9 +97,9 @@ class HostSlabs:
         with self._lock:
             self._free.append(slab)
 
-    def restore(self, tensors: dict[int, torch.Tensor], device) -> dict[int, torch.Tensor]:
-        """Copies of a snapshot's tensors on `device`."""
-        return {k: v.to(device, copy=True, non_blocking=self.pin) for k, v in tensors.items()}
+    def restore(self, tensors: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Copies of a snapshot's tensors on the engine's device."""
+        return {k: v.to(self.device, copy=True, non_blocking=self.pin) for k, v in tensors.items()}
 
     def _take(self) -> torch.Tensor:
         slab = self._pop()

@@ -149,8 +149,7 @@ class PrefixCache:
             self.pool.copy_block(best.blocks[whole], fresh)
             state.kv.blocks.append(fresh)
         if full:
-            device = self.pool.k.device
-            state.conv, state.recurrent = self.slabs.restore(best.conv, device), self.slabs.restore(best.recurrent, device)
+            state.conv, state.recurrent = self.slabs.restore(best.conv), self.slabs.restore(best.recurrent)
             self.stats.full_hits += 1
         else:
             self.stats.partial_hits += 1

@@ -60,7 +60,7 @@ def test_gpu_snapshots_are_page_locked_queued_and_locked_ahead():
     torch.cuda.set_sync_debug_mode("error")  # a copy that waits for the GPU raises
     try:
         host_conv, host_recurrent, slab = slabs.snapshot(conv, recurrent)
-        back = slabs.restore(host_recurrent, torch.device("cuda"))
+        back = slabs.restore(host_recurrent)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert slab.is_pinned()
