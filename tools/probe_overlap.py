@@ -146,8 +146,9 @@ def run(model, order: str, concurrency: int, new_tokens: int, log: ReplayLog) ->
 
 def retirements(model, runs: int, frontiers: int) -> dict:
     """One engine serving `runs` short requests one after another (as a server does): the host time each one's
-    retirement holds the engine's loop - the first lays out the snapshot slabs, the rest take a slab locked
-    ahead or, past `frontiers`, the evicted frontier's."""
+    retirement holds the engine's loop - the first waits for the slab still being locked since the engine's build
+    (the server's warm-up takes that wait), the rest take a slab locked ahead or, past `frontiers`, the evicted
+    frontier's."""
     engine = build_engine(model, EngineConfig(max_context=1024, max_concurrency=1, block_size=64, prefill_chunk=4096,
                                               max_frontiers=frontiers))
     times = timing_retirements(engine)

@@ -93,12 +93,19 @@ def tiles_nvfp4(n: int, k: int) -> bool:
     return n % 16 == 0 and k % TILE_K == 0 and available()
 
 
-# Bit positions (m0, e0, e1, sign) of each element of a tiled code word (8 elements in K order, 32 bits)
-# in its 16-bit half: element 2v in the low half, 2v + 1 in the high half, at VIEW_BITS[v]. The GEMV
-# turns view v into a bf16 pair in 1, 2, 4, 4 instructions (csrc fp4_view; the least there is:
-# tests/kernels/test_quant_gemv_emulation.py), and a view's two elements are consecutive in K, as x's
-# bf16 pairs are.
-VIEW_BITS = ((6, 7, 8, 15), (0, 1, 2, 9), (3, 4, 5, 10), (11, 12, 13, 14))
+# Bit positions (m0, e0, e1, sign) of each element of a tiled code word (8 elements in K order, 32 bits).
+# View v is elements 2v and 2v + 1, which the GEMV needs as a bf16 pair: (m0, e0, e1, sign) at bits
+# (6, 7, 8, 15) of the low half and (22, 23, 24, 31) of the high half (fp4_view's mask, value * 2^-126).
+# View 0's bits are there already (one AND); view 1's sit 4 bits lower (shift + AND), view 2's 10 bits
+# lower, wrapping around the word (funnel rotate + AND), and view 3's m0 bits 6 lower, its other bits 14
+# lower, wrapping (shift, rotate, two LOP3s): 9 instructions a word. Without rotates the fewest is 11
+# (the layout before, 1 + 2 + 4 + 4), and with them no four views tile the word's bits at one rotation
+# each, so 1 + 2 + 2 + 4 is the least (tests/kernels/test_quant_gemv_emulation.py searches every choice).
+# A view's two elements are consecutive in K, as x's bf16 pairs are.
+VIEW_TARGET = ((6, 7, 8, 15), (22, 23, 24, 31))  # (low, high half): where fp4_view leaves an element's bits
+VIEW_SHIFTS = ((0, 0, 0, 0), (4, 4, 4, 4), (10, 10, 10, 10), (6, 14, 14, 14))  # left rotations, per (m0, e0, e1, sign)
+ELEMENT_BITS = tuple(tuple((VIEW_TARGET[element % 2][bit] - VIEW_SHIFTS[element // 2][bit]) % 32 for bit in range(4))
+                     for element in range(8))
 
 
 def _signless_scales(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,19 +122,18 @@ def _signless_scales(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[
 
 def encode_views(qweight: torch.Tensor) -> torch.Tensor:
     """u8 codes [N, K/2] (element 2i in byte i's low nibble) -> the same shape with each 32-bit word's
-    eight elements' bits moved to VIEW_BITS."""
+    eight elements' bits moved to ELEMENT_BITS."""
     words = qweight.contiguous().view(torch.int32).long() & 0xFFFFFFFF
     out = torch.zeros_like(words)
-    for element in range(8):
-        view, high = divmod(element, 2)
-        for bit, position in enumerate(VIEW_BITS[view]):
-            out |= ((words >> (4 * element + bit)) & 1) << (position + 16 * high)
+    for element, positions in enumerate(ELEMENT_BITS):
+        for bit, position in enumerate(positions):
+            out |= ((words >> (4 * element + bit)) & 1) << position
     return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32).view(torch.uint8).view(qweight.shape)
 
 
 def tile_nvfp4(qweight: torch.Tensor, block_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4 codes u8 [N, K/2] and scales [N, K/16] -> the GEMV's tiled layout (done once, at load):
-    scales made non-negative (_signless_scales), each code word's bits in VIEW_BITS order, and each
+    scales made non-negative (_signless_scales), each code word's bits at ELEMENT_BITS, and each
     (16 rows, 128 K) tile's 1 KB of codes and 128 B of scales contiguous, in the order its warp's lanes
     load them (lane 4g + c: rows g then g + 8 of the codes, 16 B each; rows g and g + 8's two scale bytes)."""
     n, t = qweight.shape[0], qweight.shape[1] // 64

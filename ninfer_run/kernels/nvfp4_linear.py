@@ -79,8 +79,9 @@ def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BL
     """TILED: codes and scales in cuda_ops.tile_nvfp4's layout: code byte b of row n sits in tile
     (n // 16, b // 64) at (n % 16) // 8 * 512 + lane (4 (n % 8) + (b % 64) // 16) * 16 + b % 16; block
     scale j of row n in tile (n // 16, j // 8) at lane (4 (n % 8) + (j % 8) // 2) * 4 + (n % 16) // 8 * 2 + j % 2.
-    The byte's two elements are view b % 4 of its 32-bit word (cuda_ops.VIEW_BITS: the first in the
-    word's low half, the second in its high half, each as m0 e0 e1 from bit `em` up and the sign at `sign`)."""
+    The byte's two elements are view b % 4 of its 32-bit word (cuda_ops.ELEMENT_BITS): rotated left by
+    (0, 4, 10, 14)[view] the word holds the first element's e0 e1 at bits 7-8 and its sign at 15, the
+    second's at 23-24 and 31; m0 at 6 and 22 after a rotation by (0, 4, 10, 6)[view] (as the GEMV's fp4_view)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     half = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
@@ -92,10 +93,13 @@ def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BL
         s_off = tile * 128 + (4 * g + (block % 8) // 2) * 4 + hi_rows * 2 + block % 2
         view = half[None, :] % 4
         word = tl.load((q_ptr + q_off - view).to(tl.pointer_type(tl.int32)), mask=ok, other=0)
-        em = tl.where(view == 0, 6, tl.where(view == 1, 0, tl.where(view == 2, 3, 11)))
-        sign = tl.where(view == 0, 15, tl.where(view == 1, 9, tl.where(view == 2, 10, 14)))
-        low = ((word >> em) & 7) | (((word >> sign) & 1) << 3)
-        high = ((word >> (em + 16)) & 7) | (((word >> (sign + 16)) & 1) << 3)
+        word = word.to(tl.uint32, bitcast=True)
+        turn = tl.where(view == 0, 0, tl.where(view == 1, 4, tl.where(view == 2, 10, 14))).to(tl.uint32)
+        r = (word << turn) | (word >> ((32 - turn) & 31))  # rotate left (turn 0: word | word)
+        turn_m0 = tl.where(view == 3, 6, turn).to(tl.uint32)
+        r_m0 = (word << turn_m0) | (word >> ((32 - turn_m0) & 31))
+        low = (((r_m0 >> 6) & 1) | ((r >> 6) & 6) | (((r >> 15) & 1) << 3)).to(tl.int32)
+        high = (((r_m0 >> 22) & 1) | ((r >> 22) & 6) | (((r >> 31) & 1) << 3)).to(tl.int32)
     else:
         s_off = rn[:, None] * (K // 16) + (half // 8)[None, :]
         codes = tl.load(q_ptr + rn[:, None] * (K // 2) + half[None, :], mask=ok, other=0).to(tl.int32)

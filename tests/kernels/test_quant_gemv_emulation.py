@@ -49,10 +49,14 @@ def _scale_value(byte: torch.Tensor) -> torch.Tensor:
     return f
 
 
+def _rotate_left(w: torch.Tensor, n: int) -> torch.Tensor:
+    return ((w << n) | (w >> (32 - n))) & 0xFFFFFFFF
+
+
 def _fp4_view(w: torch.Tensor, v: int) -> torch.Tensor:
-    em, sign = 0x01C001C0, 0x80008000
-    return [w & (em | sign), (w << 6) & (em | sign), ((w << 3) & em) | ((w << 5) & sign),
-            ((w >> 5) & em) | ((w << 1) & sign)][v] & 0xFFFFFFFF
+    bits, m0 = 0x81C081C0, 0x00400040
+    return [w & bits, (w << 4) & bits, _rotate_left(w, 10) & bits,
+            ((w << 6) & m0) | (_rotate_left(w, 14) & (bits & ~m0))][v] & 0xFFFFFFFF
 
 
 def _scales_tiled(byte: torch.Tensor) -> torch.Tensor:
@@ -150,9 +154,11 @@ def test_tiled_nvfp4_views_scales_and_k_order_are_exact():
     scales_tiled, x taken as loaded; zero, negative and subnormal scales mixed in."""
     from ninfer_run.kernels.cuda_ops import _signless_scales, encode_views
 
-    for text in ("if constexpr (V == 0) return w & (kEm | kSign);", "else if constexpr (V == 1) return (w << 6) & (kEm | kSign);",
-                 "else if constexpr (V == 2) return ((w << 3) & kEm) | ((w << 5) & kSign);",
-                 "else return ((w >> 5) & kEm) | ((w << 1) & kSign);", "constexpr uint32_t kEm = 0x01C001C0u, kSign = 0x80008000u;",
+    for text in ("if constexpr (V == 0) return w & kBits;", "else if constexpr (V == 1) return (w << 4) & kBits;",
+                 "else if constexpr (V == 2) return rotate_left(w, 10) & kBits;",
+                 "else return ((w << 6) & kM0) | (rotate_left(w, 14) & (kBits & ~kM0));",
+                 "constexpr uint32_t kBits = 0x81C081C0u, kM0 = 0x00400040u;",
+                 "uint32_t rotate_left(uint32_t w, int n) { return __funnelshift_l(w, w, n); }",
                  'asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(bytes)));',
                  "return ((h >> 3) & 0x0FFF0FFFu) + 0x6A006A00u;",
                  "const uint32_t sg[2] = {permute(pg, pg, 0x1010u), permute(pg, pg, 0x3232u)};",
@@ -181,6 +187,53 @@ def test_tiled_nvfp4_views_scales_and_k_order_are_exact():
     exact = E2M1_VALUES.double()[unpack_nibbles(q).long()] * odd.double().repeat_interleave(16, dim=1) * float(s2)
     ref = x.double() @ exact.T
     assert float((y - ref).norm() / ref.norm()) < 1e-12
+
+
+def test_element_bits_take_the_fewest_instructions_a_word():
+    """cuda_ops.ELEMENT_BITS: every bit of a word once, each view reached as fp4_view says, and no layout
+    cheaper. A view's 8 bits (fp4_view's mask) come from one rotation of the word (1 instruction: AND, if
+    the rotation is 0; else 2) or from two (LOP3 each, plus the rotations not 0). Four one-rotation views
+    cannot tile the word (the mask repeats every 16 bits; no 4 translates of {6, 7, 8, 15} tile Z/16), so
+    the least is three of them and one of two; searched over every choice, the cheapest costs 9, and
+    without rotates (plain shifts) no such choice exists at all (the layout before: 11)."""
+    import itertools
+
+    from ninfer_run.kernels.cuda_ops import ELEMENT_BITS, VIEW_SHIFTS, VIEW_TARGET
+
+    assert sorted(b for e in ELEMENT_BITS for b in e) == list(range(32))
+    target = [b for half in VIEW_TARGET for b in half]
+    assert sum(1 << b for b in target) == 0x81C081C0
+    costs = [1 if set(s) == {0} else 2 if len(set(s)) == 1 else 2 + sum(d != 0 for d in set(s)) for s in VIEW_SHIFTS]
+    assert costs == [1, 2, 2, 4]
+
+    def sources(group, d, wrap):
+        out = {b - d for b in group}
+        return {b % 32 for b in out} if wrap else (out if all(0 <= b < 32 for b in out) else None)
+
+    def cheapest(wrap):
+        shifts = range(32) if wrap else range(-31, 32)
+        whole = {d: sources(target, d, wrap) for d in shifts if sources(target, d, wrap)}
+        best = None
+        for chosen in itertools.combinations(whole, 3):
+            used = set().union(*(whole[d] for d in chosen))
+            if len(used) < 24:
+                continue
+            rest = set(range(32)) - used
+            for split in range(1, 128):
+                g1 = [b for i, b in enumerate(target) if split >> i & 1]
+                g2 = [b for i, b in enumerate(target) if not split >> i & 1]
+                for d1 in shifts:
+                    s1 = sources(g1, d1, wrap)
+                    if not s1 or not s1 <= rest:
+                        continue
+                    for d2 in shifts:
+                        if d2 != d1 and sources(g2, d2, wrap) == rest - s1:
+                            cost = sum(1 if d == 0 else 2 for d in chosen) + 2 + (d1 != 0) + (d2 != 0)
+                            best = cost if best is None else min(best, cost)
+        return best
+
+    assert cheapest(wrap=True) == sum(costs) == 9
+    assert cheapest(wrap=False) is None
 
 
 def test_block_columns_keep_each_block_apart_and_scale_it_exactly():

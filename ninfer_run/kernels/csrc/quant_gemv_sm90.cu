@@ -210,17 +210,20 @@ struct Nvfp4 {
   __device__ static float out_scale(const Args& a) { return __ldg(a.s2) * 0x1p26f; }
 };
 
-// The tiled layout re-encodes each word (cuda_ops.VIEW_BITS): view V = elements 2V (low half) and
-// 2V + 1 (high half), their bits (m0, e0, e1, sign) at (6, 7, 8, 15), (0, 1, 2, 9), (3, 4, 5, 10),
-// (11, 12, 13, 14) of the half for V = 0..3, so a view becomes the bf16 pair of fp4_pair (value * 2^-126)
-// in 1, 2, 4 and 4 instructions (fp4_pair: 3-4 each), and views pair consecutive K values as x does.
+// The tiled layout re-encodes each word (cuda_ops.ELEMENT_BITS): view V = elements 2V (low half) and
+// 2V + 1 (high half) as the bf16 pair of fp4_pair (value * 2^-126: m0 e0 e1 at bits 6-8, the sign at 15
+// of each half). View 0's bits lie there, view 1's 4 bits lower, view 2's 10 lower (wrapping: a funnel
+// rotate), view 3's m0 6 lower and the rest 14 lower: 1, 2, 2 and 4 instructions (fp4_pair: 3-4 each),
+// and views pair consecutive K values as x does.
+__device__ __forceinline__ uint32_t rotate_left(uint32_t w, int n) { return __funnelshift_l(w, w, n); }
+
 template <int V>
 __device__ __forceinline__ uint32_t fp4_view(uint32_t w) {
-  constexpr uint32_t kEm = 0x01C001C0u, kSign = 0x80008000u;
-  if constexpr (V == 0) return w & (kEm | kSign);
-  else if constexpr (V == 1) return (w << 6) & (kEm | kSign);
-  else if constexpr (V == 2) return ((w << 3) & kEm) | ((w << 5) & kSign);
-  else return ((w >> 5) & kEm) | ((w << 1) & kSign);
+  constexpr uint32_t kBits = 0x81C081C0u, kM0 = 0x00400040u;
+  if constexpr (V == 0) return w & kBits;
+  else if constexpr (V == 1) return (w << 4) & kBits;
+  else if constexpr (V == 2) return rotate_left(w, 10) & kBits;
+  else return ((w << 6) & kM0) | (rotate_left(w, 14) & (kBits & ~kM0));
 }
 
 // A row's two E4M3 scale bytes of the tile (tile_nvfp4 made them non-negative, a zero scale's codes
