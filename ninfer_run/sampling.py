@@ -37,10 +37,16 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         kth = torch.topk(p, min(params.top_k, p.shape[-1]), dim=-1).values[..., -1:]
         p = torch.where(p >= kth, p, torch.zeros_like(p))
     if params.top_p < 1.0:
-        sorted_p, order = torch.sort(p, dim=-1, descending=True)
-        keep = torch.cumsum(sorted_p, -1) - sorted_p < params.top_p * sorted_p.sum(-1, keepdim=True)
-        p = torch.where(torch.zeros_like(keep).scatter_(-1, order, keep), p, torch.zeros_like(p))
+        p = _top_p(p, params.top_p)
     return p / p.sum(-1, keepdim=True)
+
+
+def _top_p(p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """p without the tokens past the smallest most-probable set holding top_p of its mass (equal
+    probabilities in token order: a stable sort, so which of a tie top-p keeps is defined)."""
+    sorted_p, order = torch.sort(p, dim=-1, descending=True, stable=True)
+    keep = torch.cumsum(sorted_p, -1) - sorted_p < top_p * sorted_p.sum(-1, keepdim=True)
+    return torch.where(torch.zeros_like(keep).scatter_(-1, order, keep), p, torch.zeros_like(p))
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -55,13 +61,46 @@ def _to(device: torch.device, values: list, dtype: torch.dtype) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
+def _uniforms(device: torch.device, generators: list[torch.Generator | None]) -> torch.Tensor:
+    return _to(device, [float(torch.rand((), generator=g)) for g in generators], torch.float64)
+
+
+def _inverse_cdf(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The index in each row of p [n, m] (in token order) whose CDF interval holds u * the row's total."""
+    cdf = torch.cumsum(p, -1, dtype=torch.float64)
+    return torch.searchsorted(cdf, cdf[:, -1:] * u[:, None], right=True).squeeze(1).clamp_(max=p.shape[-1] - 1)
+
+
 def draw(p: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
     """One index from each row of distributions p [n, V] (on any device; [n] there) by the inverse CDF of one
     uniform from that row's host generator: a seed draws the same way wherever p is, and nothing waits for
     the GPU (the uniforms travel from pinned memory)."""
-    u = _to(p.device, [float(torch.rand((), generator=g)) for g in generators], torch.float64)
-    cdf = torch.cumsum(p, -1, dtype=torch.float64)
-    return torch.searchsorted(cdf, cdf[:, -1:] * u[:, None], right=True).squeeze(1).clamp_(max=p.shape[-1] - 1)
+    return _inverse_cdf(p, _uniforms(p.device, generators))
+
+
+# Candidates a top-k row keeps beyond its k: logits tied with the k-th value are kept (as transformers'
+# and vLLM's top-k do), up to this many more.
+TOP_K_TIES = 64
+
+
+def draw_top_k(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """draw(probs(logits, params)) for rows [n, V] with top-k, computed on their top-k candidates only
+    (k + TOP_K_TIES of them): one top-k pass over the vocabulary instead of a softmax, a sort, a scan and masks
+    over all of it (a 248K vocabulary at T 0.6 / top-p 0.95 / top-k 20: a sampled C = 1 step took 0.37 ms more
+    than a greedy one on an H100, stop 40, the graphs equal; a row on a CPU core 7.9 -> 1.3-2.2 ms; the GPU
+    figure with this path is not measured yet). The same distribution, and the same token for a seed, as the
+    full computation (softmax is monotone, so the k-th probability is the k-th logit's; the normalisation
+    cancels in the top-p rule and the draw; the CDF runs in token order) - except where more than TOP_K_TIES
+    logits tie with the k-th, whose excess ties are left out."""
+    k = min(params.top_k, logits.shape[-1])
+    values, index = torch.topk(logits.float(), min(k + TOP_K_TIES, logits.shape[-1]), dim=-1)
+    index, order = torch.sort(index, dim=-1)  # token order, as over the whole vocabulary (ties, the CDF)
+    p = torch.softmax(values.gather(-1, order) / params.temperature, dim=-1)
+    p = torch.where(p >= torch.topk(p, k, dim=-1).values[:, -1:], p, torch.zeros_like(p))
+    if params.top_p < 1.0:
+        p = _top_p(p, params.top_p)
+    picked = _inverse_cdf(p, _uniforms(logits.device, generators))
+    return index.gather(-1, picked[:, None]).squeeze(1)
 
 
 def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -73,6 +112,8 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     the host, not a vocabulary-sized row)."""
     if params.greedy:
         return int(logits.argmax())
+    if params.top_k:
+        return int(draw_top_k(logits[None], params, [generator])[0])
     return sample(probs(logits, params), generator)
 
 
@@ -85,7 +126,10 @@ def next_token_ids(logits: torch.Tensor, params: list[SamplingParams],
     for setting in dict.fromkeys(p for p in params if not p.greedy):
         rows = [b for b, p in enumerate(params) if p == setting]
         index = _to(logits.device, rows, torch.long)
-        ids.index_copy_(0, index, draw(probs(logits.index_select(0, index), setting), [generators[b] for b in rows]))
+        chosen, row_generators = logits.index_select(0, index), [generators[b] for b in rows]
+        chosen = (draw_top_k(chosen, setting, row_generators) if setting.top_k
+                  else draw(probs(chosen, setting), row_generators))
+        ids.index_copy_(0, index, chosen)
     return ids
 
 
