@@ -83,14 +83,14 @@ def draw(p: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Ten
 TOP_K_TIES = 64
 
 
-def draw_top_k(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """draw(probs(logits, params)) for rows [n, V] with top-k, computed on their top-k candidates only
-    (k + TOP_K_TIES of them): one top-k pass over the vocabulary instead of a softmax, a sort, a scan and masks
-    over all of it (a 248K vocabulary at T 0.6 / top-p 0.95 / top-k 20: a sampled C = 1 step took 0.37 ms more
-    than a greedy one on an H100, stop 40, the graphs equal; a row on a CPU core 7.9 -> 1.3-2.2 ms; the GPU
-    figure with this path is not measured yet). The same distribution, and the same token for a seed, as the
-    full computation (softmax is monotone, so the k-th probability is the k-th logit's; the normalisation
-    cancels in the top-p rule and the draw; the CDF runs in token order) - except where more than TOP_K_TIES
+def top_k_candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs(logits, params) of rows [n, V] with top-k, on their k + TOP_K_TIES highest logits only: (their
+    token ids in token order, their probabilities) [n, k + TOP_K_TIES]. One top-k pass over the vocabulary
+    instead of a softmax, a sort, a scan and masks over all of it (a 248K vocabulary at T 0.6 / top-p 0.95 /
+    top-k 20: a sampled C = 1 step took 0.37 ms more than a greedy one on an H100, stop 40, the graphs equal;
+    a row on a CPU core 7.9 -> 1.3-2.2 ms; the GPU figure with this path is not measured yet). The same
+    distribution as the full computation (softmax is monotone, so the k-th probability is the k-th logit's; the
+    normalisation cancels in the top-p rule; ties in token order in both) - except where more than TOP_K_TIES
     logits tie with the k-th, whose excess ties are left out."""
     k = min(params.top_k, logits.shape[-1])
     values, index = torch.topk(logits.float(), min(k + TOP_K_TIES, logits.shape[-1]), dim=-1)
@@ -99,8 +99,14 @@ def draw_top_k(logits: torch.Tensor, params: SamplingParams, generators: list[to
     p = torch.where(p >= torch.topk(p, k, dim=-1).values[:, -1:], p, torch.zeros_like(p))
     if params.top_p < 1.0:
         p = _top_p(p, params.top_p)
-    picked = _inverse_cdf(p, _uniforms(logits.device, generators))
-    return index.gather(-1, picked[:, None]).squeeze(1)
+    return index, p / p.sum(-1, keepdim=True)
+
+
+def draw_top_k(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """draw(probs(logits, params), generators) for rows [n, V] with top-k, from top_k_candidates: for a seed
+    the same token (the CDF runs in token order over the candidates, as over the vocabulary)."""
+    index, p = top_k_candidates(logits, params)
+    return index.gather(-1, _inverse_cdf(p, _uniforms(logits.device, generators))[:, None]).squeeze(1)
 
 
 def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -140,13 +146,20 @@ def next_tokens(logits: torch.Tensor, params: list[SamplingParams],
     return next_token_ids(logits, params, generators).tolist()
 
 
-def accept_or_resample(p: torch.Tensor, draft: int, generator: torch.Generator | None) -> tuple[bool, int]:
-    """(True, draft) with probability p[draft]; else (False, a sample from p without draft)."""
-    if float(torch.rand((), generator=generator)) < float(p[draft]):
+def accept_or_resample(p: torch.Tensor, draft: int, generator: torch.Generator | None,
+                       tokens: torch.Tensor | None = None) -> tuple[bool, int]:
+    """(True, draft) with probability p[draft]; else (False, a sample from p without draft). `tokens`: the
+    token ids of p's entries where p covers only some (top_k_candidates), else p is over the vocabulary."""
+    at = None if tokens is None else tokens == draft  # (masks: boolean indexing would wait for the GPU again)
+    if float(torch.rand((), generator=generator)) < float(p[draft] if at is None else torch.where(at, p, 0.0).sum()):
         return True, draft
-    residual = p.clone()
-    residual[draft] = 0.0
+    if at is None:
+        residual = p.clone()
+        residual[draft] = 0.0
+    else:
+        residual = p.masked_fill(at, 0.0)
     total = float(residual.sum())
     if total <= 0.0:  # p was a point mass on draft (cannot be rejected then), kept for safety
         return True, draft
-    return False, sample(residual / total, generator)
+    picked = sample(residual / total, generator)
+    return False, picked if tokens is None else int(tokens[picked])

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import SamplingParams, accept_or_resample, probs, sample, target_probs
+from .sampling import SamplingParams, accept_or_resample, probs, sample, target_probs, top_k_candidates
 from .state import SequenceState
 
 GREEDY = SamplingParams()
@@ -139,12 +139,15 @@ def accept(state: SequenceState, drafts: list[int] | torch.Tensor, hidden: torch
     `drafts` may still be on the device (graphed drafting): read here, with the argmaxes."""
     new: list[int] = []
     n = len(drafts)
-    argmax = dist = None
+    argmax = dist = tokens = None
     if params.greedy:  # the drafts and every row's argmax in one device-to-host read, not one per draft
         both = torch.cat([torch.as_tensor(drafts, device=logits.device), logits[: n + 1].argmax(-1)]).tolist()
         drafts, argmax = both[:n], both[n:]
     else:  # every row's distribution where the logits are, in one batch: only scalars cross to the host
-        dist = probs(logits[: n + 1], params)
+        if params.top_k:  # on the rows' top-k candidates (tokens: their ids), not the whole vocabulary
+            tokens, dist = top_k_candidates(logits[: n + 1], params)
+        else:
+            dist = probs(logits[: n + 1], params)
         if isinstance(drafts, torch.Tensor):
             drafts = drafts.tolist()
     for j, d in enumerate(drafts):
@@ -152,12 +155,17 @@ def accept(state: SequenceState, drafts: list[int] | torch.Tensor, hidden: torch
             token = argmax[j]
             ok = token == d
         else:
-            ok, token = accept_or_resample(dist[j], d, gen)
+            ok, token = accept_or_resample(dist[j], d, gen, None if tokens is None else tokens[j])
         new.append(token)
         if not ok:
             break
     else:
-        bonus = argmax[len(drafts)] if argmax is not None else sample(dist[len(drafts)], gen)
+        j = len(drafts)
+        if argmax is not None:
+            bonus = argmax[j]
+        else:
+            bonus = sample(dist[j], gen)
+            bonus = bonus if tokens is None else int(tokens[j, bonus])
         new.append(bonus)
     accepted = len(new) - 1
     state.rollback(accepted + 1)

@@ -70,6 +70,18 @@ def test_accept_or_resample_output_is_distributed_as_p(draft):
     assert chisquare(counts.numpy(), (p * 20000).numpy()).pvalue > 1e-3
 
 
+@pytest.mark.parametrize("draft", [2, 5, 9])  # a likely candidate, an unlikely one, one outside the candidates
+def test_accept_or_resample_on_candidates_is_the_vocabularys(draft):
+    """p given on some tokens only (top_k_candidates' form) accepts and resamples, seed for seed, as the same
+    p over the whole vocabulary."""
+    tokens = torch.tensor([1, 2, 4, 5, 7])
+    p = torch.tensor([0.1, 0.4, 0.0, 0.2, 0.3])
+    whole = torch.zeros(12).index_copy_(0, tokens, p)
+    for seed in range(300):
+        got = accept_or_resample(p, draft, torch.Generator().manual_seed(seed), tokens)
+        assert got == accept_or_resample(whole, draft, torch.Generator().manual_seed(seed)), seed
+
+
 @pytest.fixture(scope="module")
 def model(tiny_model):
     return tiny_model("tiny-qwen3.5")
