@@ -98,9 +98,10 @@ def tiles_nvfp4(n: int, k: int) -> bool:
 # (6, 7, 8, 15) of the low half and (22, 23, 24, 31) of the high half (fp4_view's mask, value * 2^-126).
 # View 0's bits are there already (one AND); view 1's sit 4 bits lower (shift + AND), view 2's 10 bits
 # lower, wrapping around the word (funnel rotate + AND), and view 3's m0 bits 6 lower, its other bits 14
-# lower, wrapping (shift, rotate, two LOP3s): 9 instructions a word. Without rotates the fewest is 11
-# (the layout before, 1 + 2 + 4 + 4), and with them no four views tile the word's bits at one rotation
-# each, so 1 + 2 + 2 + 4 is the least (tests/kernels/test_quant_gemv_emulation.py searches every choice).
+# lower, wrapping (shift, rotate, two LOP3s): 9 instructions a word (the layout before: 1 + 2 + 4 + 4 = 11,
+# plain shifts, with which no three views take one shift each). No four views tile the word's bits at one
+# rotation each, and any split with fewer one-rotation views costs 10 or more, so 9 is the least
+# (tests/kernels/test_quant_gemv_emulation.py searches every three-plus-one choice).
 # A view's two elements are consecutive in K, as x's bf16 pairs are.
 VIEW_TARGET = ((6, 7, 8, 15), (22, 23, 24, 31))  # (low, high half): where fp4_view leaves an element's bits
 VIEW_SHIFTS = ((0, 0, 0, 0), (4, 4, 4, 4), (10, 10, 10, 10), (6, 14, 14, 14))  # left rotations, per (m0, e0, e1, sign)

@@ -194,8 +194,9 @@ def test_element_bits_take_the_fewest_instructions_a_word():
     cheaper. A view's 8 bits (fp4_view's mask) come from one rotation of the word (1 instruction: AND, if
     the rotation is 0; else 2) or from two (LOP3 each, plus the rotations not 0). Four one-rotation views
     cannot tile the word (the mask repeats every 16 bits; no 4 translates of {6, 7, 8, 15} tile Z/16), so
-    the least is three of them and one of two; searched over every choice, the cheapest costs 9, and
-    without rotates (plain shifts) no such choice exists at all (the layout before: 11)."""
+    the best is three of them and one of two (fewer one-rotation views cost at least 10: 2 + 2 + 3 + 3, a
+    zero rotation's bits being view 0's when one view takes none); searched over every such choice, the cheapest costs 9, and with plain shifts no such choice
+    exists at all (the layout before: 1 + 2 + 4 + 4 = 11)."""
     import itertools
 
     from ninfer_run.kernels.cuda_ops import ELEMENT_BITS, VIEW_SHIFTS, VIEW_TARGET
