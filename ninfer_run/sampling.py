@@ -32,7 +32,11 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     in ~15 ms) and without a host wait."""
     if params.greedy:
         return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    p = torch.softmax(logits.float() / params.temperature, dim=-1)
+    return _restricted(torch.softmax(logits.float() / params.temperature, dim=-1), params)
+
+
+def _restricted(p: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Softmax probabilities p restricted to top-k (ties with the k-th kept) and top-p, renormalised."""
     if params.top_k:
         kth = torch.topk(p, min(params.top_k, p.shape[-1]), dim=-1).values[..., -1:]
         p = torch.where(p >= kth, p, torch.zeros_like(p))
@@ -92,14 +96,9 @@ def top_k_candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torc
     distribution as the full computation (softmax is monotone, so the k-th probability is the k-th logit's; the
     normalisation cancels in the top-p rule; ties in token order in both) - except where more than TOP_K_TIES
     logits tie with the k-th, whose excess ties are left out."""
-    k = min(params.top_k, logits.shape[-1])
-    values, index = torch.topk(logits.float(), min(k + TOP_K_TIES, logits.shape[-1]), dim=-1)
+    values, index = torch.topk(logits.float(), min(params.top_k + TOP_K_TIES, logits.shape[-1]), dim=-1)
     index, order = torch.sort(index, dim=-1)  # token order, as over the whole vocabulary (ties, the CDF)
-    p = torch.softmax(values.gather(-1, order) / params.temperature, dim=-1)
-    p = torch.where(p >= torch.topk(p, k, dim=-1).values[:, -1:], p, torch.zeros_like(p))
-    if params.top_p < 1.0:
-        p = _top_p(p, params.top_p)
-    return index, p / p.sum(-1, keepdim=True)
+    return index, _restricted(torch.softmax(values.gather(-1, order) / params.temperature, dim=-1), params)
 
 
 def draw_top_k(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]) -> torch.Tensor:
@@ -118,9 +117,7 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     the host, not a vocabulary-sized row)."""
     if params.greedy:
         return int(logits.argmax())
-    if params.top_k:
-        return int(draw_top_k(logits[None], params, [generator])[0])
-    return sample(probs(logits, params), generator)
+    return int(_draw_sampled(logits[None], params, [generator])[0])
 
 
 def next_token_ids(logits: torch.Tensor, params: list[SamplingParams],
@@ -132,11 +129,14 @@ def next_token_ids(logits: torch.Tensor, params: list[SamplingParams],
     for setting in dict.fromkeys(p for p in params if not p.greedy):
         rows = [b for b, p in enumerate(params) if p == setting]
         index = _to(logits.device, rows, torch.long)
-        chosen, row_generators = logits.index_select(0, index), [generators[b] for b in rows]
-        chosen = (draw_top_k(chosen, setting, row_generators) if setting.top_k
-                  else draw(probs(chosen, setting), row_generators))
-        ids.index_copy_(0, index, chosen)
+        ids.index_copy_(0, index, _draw_sampled(logits.index_select(0, index), setting, [generators[b] for b in rows]))
     return ids
+
+
+def _draw_sampled(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """A token from each row [n, V] sampled with one (non-greedy) setting: on the top-k candidates where it has
+    top-k, else over the vocabulary."""
+    return draw_top_k(logits, params, generators) if params.top_k else draw(probs(logits, params), generators)
 
 
 def next_tokens(logits: torch.Tensor, params: list[SamplingParams],

@@ -74,6 +74,12 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, s2_ptr, y_ptr, M, N, K, stride_xm, stride_
 
 
 @triton.jit
+def _rotate_left(word, n):
+    """uint32 words rotated left by n (0..31; 0: word | word)."""
+    return (word << n) | (word >> ((32 - n) & 31))
+
+
+@triton.jit
 def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     TILED: tl.constexpr):
     """TILED: codes and scales in cuda_ops.tile_nvfp4's layout: code byte b of row n sits in tile
@@ -95,9 +101,7 @@ def _dequant_kernel(q_ptr, s_ptr, s2_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, BL
         word = tl.load((q_ptr + q_off - view).to(tl.pointer_type(tl.int32)), mask=ok, other=0)
         word = word.to(tl.uint32, bitcast=True)
         turn = tl.where(view == 0, 0, tl.where(view == 1, 4, tl.where(view == 2, 10, 14))).to(tl.uint32)
-        r = (word << turn) | (word >> ((32 - turn) & 31))  # rotate left (turn 0: word | word)
-        turn_m0 = tl.where(view == 3, 6, turn).to(tl.uint32)
-        r_m0 = (word << turn_m0) | (word >> ((32 - turn_m0) & 31))
+        r, r_m0 = _rotate_left(word, turn), _rotate_left(word, tl.where(view == 3, 6, turn).to(tl.uint32))
         low = (((r_m0 >> 6) & 1) | ((r >> 6) & 6) | (((r >> 15) & 1) << 3)).to(tl.int32)
         high = (((r_m0 >> 22) & 1) | ((r >> 22) & 6) | (((r >> 31) & 1) << 3)).to(tl.int32)
     else:
