@@ -92,7 +92,8 @@ def top_k_candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torc
     token ids in token order, their probabilities) [n, k + TOP_K_TIES]. One top-k pass over the vocabulary
     instead of a softmax, a sort, a scan and masks over all of it (a 248K vocabulary at T 0.6 / top-p 0.95 /
     top-k 20: a sampled C = 1 step took 0.37 ms more than a greedy one on an H100, stop 40, the graphs equal;
-    a row on a CPU core 7.9 -> 1.3-2.2 ms; the GPU figure with this path is not measured yet). The same
+    a row on a CPU core 7.9 -> 1.3-2.2 ms; an H100, stop 41's probe: eight rows 1.25 -> 0.46-0.53 ms a call, one
+    row 0.37-0.47 -> 0.51-0.53 ms, there bound by the host's launches in both paths; tools/bench_sampling.py). The same
     distribution as the full computation (softmax is monotone, so the k-th probability is the k-th logit's; the
     normalisation cancels in the top-p rule; ties in token order in both) - except where more than TOP_K_TIES
     logits tie with the k-th, whose excess ties are left out."""

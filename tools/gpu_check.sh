@@ -10,6 +10,7 @@
 #   attn    tools/bench_kernels.py --attention-sweep: decode attention in a graph, pool-wide tables, per partition target
 #   gdn     tools/bench_kernels.py --gdn-sweep: the GDN recurrence of a decode step (48 layers in a graph), per Dv block and warps
 #   gdnrows tools/bench_kernels.py --gdn-only: fla's chunked GDN vs torch's, the in-place decode step, the prefill conv kernel vs torch
+#   sampling tools/bench_sampling.py: a sampled row's host and device time, whole vocabulary vs top-k candidates
 #   pattn   tools/bench_kernels.py --prefill-attention-ab: a long chunk's attention in each NINFER_PREFILL_ATTENTION mode
 #   smallops tools/bench_kernels.py --prefill-small-ops: an 8K chunk's norms (the GDN output norm many rows a program
 #           and one), SiLU-mul and NVFP4 dequantization against copy
@@ -23,7 +24,7 @@
 #   sass    the engine's NVFP4 GEMVs (tiled, 8 warps, depth 2: M = 1 with the blocks as MMA columns, 2-8 rows
 #           with x staged) disassembled: gemv_sass.txt, gemv_columns_sass.txt and their instruction counts
 #           by opcode (what the arithmetic costs per tile)
-# JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [attn] [gdn] [gdnrows] [pattn] [smallops] [overlap] [ncu] [kernels] [bench] [sass]
+# JSON/PNG land in $OUT, the logs and profiles in $OUT/gpu_check_logs.tgz.       bash tools/gpu_check.sh [tests] [quant] [gemv] [floor] [chain] [attn] [gdn] [gdnrows] [sampling] [pattn] [smallops] [overlap] [ncu] [kernels] [bench] [sass]
 # Stage limits (seconds) can be set: TESTS_S, QUANT_S, GEMV_S, KERNELS_S, BENCH_S; FLOOR_ARGS="--floor-l2" narrows
 # the floor stage to the engine's layouts without and with the L2::256B hint; CHAIN_ARGS="--chain-only engine alone"
 # the chain to the variants whose names hold one of those words (split on spaces; "--chain-rows 8": the MLP block
@@ -55,6 +56,7 @@ for stage in $stages; do
         attn) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --attention-sweep --out "$OUT" 2>&1 | tee "$OUT/bench_attention.log" | grep attention ;;
         gdn) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gdn-sweep --out "$OUT" 2>&1 | tee "$OUT/bench_gdn.log" | grep gdn ;;
         gdnrows) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --gdn-only --out "$OUT" 2>&1 | tee "$OUT/bench_gdn_rows.log" | grep gdn ;;
+        sampling) timeout ${GEMV_S:-150} python3 tools/bench_sampling.py --out "$OUT" 2>&1 | tee "$OUT/bench_sampling.log" | tail -5 ;;
         pattn) timeout ${GEMV_S:-150} python3 tools/bench_kernels.py --prefill-attention-ab --out "$OUT" 2>&1 | tee "$OUT/bench_prefill_attention.log" | grep "prefill attention" ;;
         overlap) timeout ${BENCH_S:-300} python3 tools/probe_overlap.py --out "$OUT" ${PROBE_ARGS:-} 2>&1 \
                      | tee "$OUT/probe_overlap.log" | grep -v Warning | tail -20 ;;
