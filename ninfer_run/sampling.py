@@ -102,11 +102,20 @@ def top_k_candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torc
     return index, _restricted(torch.softmax(values.gather(-1, order) / params.temperature, dim=-1), params)
 
 
-def draw_top_k(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """draw(probs(logits, params), generators) for rows [n, V] with top-k, from top_k_candidates: for a seed
-    the same token (the CDF runs in token order over the candidates, as over the vocabulary)."""
-    index, p = top_k_candidates(logits, params)
-    return index.gather(-1, _inverse_cdf(p, _uniforms(logits.device, generators))[:, None]).squeeze(1)
+def sampled_probs(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """What rows [n, V] with one non-greedy setting draw from: (token ids, probabilities) of the top-k
+    candidates where the setting has top-k (top_k_candidates), else (None, probs over the vocabulary: an
+    entry's index is its token)."""
+    return top_k_candidates(logits, params) if params.top_k else (None, probs(logits, params))
+
+
+def draw_sampled(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """draw(probs(logits, params), generators) for rows [n, V] with one non-greedy setting, from sampled_probs:
+    for a seed the same token either way (the CDF runs in token order over the candidates, as over the
+    vocabulary)."""
+    tokens, p = sampled_probs(logits, params)
+    picked = draw(p, generators)
+    return picked if tokens is None else tokens.gather(-1, picked[:, None]).squeeze(1)
 
 
 def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -118,7 +127,7 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     the host, not a vocabulary-sized row)."""
     if params.greedy:
         return int(logits.argmax())
-    return int(_draw_sampled(logits[None], params, [generator])[0])
+    return int(draw_sampled(logits[None], params, [generator])[0])
 
 
 def next_token_ids(logits: torch.Tensor, params: list[SamplingParams],
@@ -130,14 +139,8 @@ def next_token_ids(logits: torch.Tensor, params: list[SamplingParams],
     for setting in dict.fromkeys(p for p in params if not p.greedy):
         rows = [b for b, p in enumerate(params) if p == setting]
         index = _to(logits.device, rows, torch.long)
-        ids.index_copy_(0, index, _draw_sampled(logits.index_select(0, index), setting, [generators[b] for b in rows]))
+        ids.index_copy_(0, index, draw_sampled(logits.index_select(0, index), setting, [generators[b] for b in rows]))
     return ids
-
-
-def _draw_sampled(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """A token from each row [n, V] sampled with one (non-greedy) setting: on the top-k candidates where it has
-    top-k, else over the vocabulary."""
-    return draw_top_k(logits, params, generators) if params.top_k else draw(probs(logits, params), generators)
 
 
 def next_tokens(logits: torch.Tensor, params: list[SamplingParams],

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import SamplingParams, accept_or_resample, probs, sample, target_probs, top_k_candidates
+from .sampling import SamplingParams, accept_or_resample, sample, sampled_probs, target_probs
 from .state import SequenceState
 
 GREEDY = SamplingParams()
@@ -144,10 +144,7 @@ def accept(state: SequenceState, drafts: list[int] | torch.Tensor, hidden: torch
         both = torch.cat([torch.as_tensor(drafts, device=logits.device), logits[: n + 1].argmax(-1)]).tolist()
         drafts, argmax = both[:n], both[n:]
     else:  # every row's distribution where the logits are, in one batch: only scalars cross to the host
-        if params.top_k:  # on the rows' top-k candidates (tokens: their ids), not the whole vocabulary
-            tokens, dist = top_k_candidates(logits[: n + 1], params)
-        else:
-            dist = probs(logits[: n + 1], params)
+        tokens, dist = sampled_probs(logits[: n + 1], params)  # (top-k: the candidates, tokens their ids)
         if isinstance(drafts, torch.Tensor):
             drafts = drafts.tolist()
     for j, d in enumerate(drafts):

@@ -1,5 +1,5 @@
 """The sampler's cost a step (issue 6): the whole-vocabulary path, draw(probs(...)), against the top-k
-candidates' (sampling.draw_top_k), per batch size, on the 27B's vocabulary (248,320 logits a row).
+candidates' (sampling.draw_sampled), per batch size, on the 27B's vocabulary (248,320 logits a row).
 
     python tools/bench_sampling.py [--out DIR] [--rows 1 8] [--calls 50]
 
@@ -50,7 +50,7 @@ def measure(rows: int, calls: int, device: str) -> dict:
     g = torch.Generator(device=device).manual_seed(rows)
     logits = (torch.randn(rows, VOCAB, device=device, generator=g) * 4).to(torch.bfloat16)
     paths = {"whole vocabulary": lambda gens: sampling.draw(sampling.probs(logits, SETTING), gens),
-             "top-k candidates": lambda gens: sampling.draw_top_k(logits, SETTING, gens)}
+             "top-k candidates": lambda gens: sampling.draw_sampled(logits, SETTING, gens)}
     row = {"rows": rows, "setting": dataclasses.asdict(SETTING)}
     row["same_tokens"] = all(torch.equal(paths["whole vocabulary"](_generators(rows, s)),
                                          paths["top-k candidates"](_generators(rows, s))) for s in range(20))

@@ -37,14 +37,14 @@ def test_next_tokens_of_a_batch_are_each_rows_next_token():
 @pytest.mark.parametrize("params", [SamplingParams(0.6, 0.95, 20), SamplingParams(1.0, 1.0, 5), SamplingParams(0.7, 0.5, 50),
                                     SamplingParams(1.3, 0.9, 3000)])
 def test_top_k_draws_are_the_full_distributions_draws(params):
-    """draw_top_k (the top-k candidates only) gives each seed the token draw(probs(...)) gives over the whole
+    """draw_sampled (a top-k setting: its candidates only) gives each seed the token draw(probs(...)) gives over the whole
     vocabulary, rows with ties at the k-th logit (kept, as the full computation keeps them) included."""
     logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(params.top_k)) * 3
     kth = logits[1].topk(params.top_k).values[-1] if params.top_k < 3000 else logits[1].min()
     logits[1, torch.randperm(3000, generator=torch.Generator().manual_seed(1))[:12]] = kth  # ties at the k-th
     logits[2, :37] = logits[2].max() + 1  # ties at the top (37: no top-p cut falls on a tie exactly)
     for seed in range(150):
-        fast = sampling.draw_top_k(logits, params, [torch.Generator().manual_seed(seed + 1000 * b) for b in range(4)])
+        fast = sampling.draw_sampled(logits, params, [torch.Generator().manual_seed(seed + 1000 * b) for b in range(4)])
         full = sampling.draw(sampling.probs(logits, params), [torch.Generator().manual_seed(seed + 1000 * b) for b in range(4)])
         assert fast.tolist() == full.tolist(), seed
 
