@@ -8,6 +8,7 @@ references the kernels are tested against.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -120,6 +121,17 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
 
         return norms.qk_norm_rope(q, k, q_weight, k_weight, eps, offset, cos, sin)
     return rms_norm_rope(q, q_weight, eps, offset, cos, sin), rms_norm_rope(k, k_weight, eps, offset, cos, sin)
+
+
+class QKNorm(NamedTuple):
+    """An attention layer's q/k RMSNorm and partial RoPE: qk_norm_rope's arguments after q and k (state.attend
+    applies it; a captured step in the KV write's launch)."""
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    offset: float
+    cos: torch.Tensor
+    sin: torch.Tensor
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int = 0) -> torch.Tensor:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .kv.pool import BlockPool
-from .layers import causal_attention, output_gate
+from .layers import QKNorm, causal_attention, output_gate, qk_norm_rope
 from .static_step import StaticBatch
 from .vision.prompt import MultimodalPrompt
 
@@ -164,11 +164,14 @@ def per_sequence(segments: Segments, fn, *tensors: torch.Tensor) -> torch.Tensor
 
 
 def attend(segments: Segments, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           gate: torch.Tensor | None = None) -> torch.Tensor:
+           gate: torch.Tensor | None = None, qk_norm: QKNorm | None = None) -> torch.Tensor:
     """Each sequence's rows attend over its own KV (stored at its positions first); `gate` [T, Hq, D]:
-    the output times sigmoid(gate) (layers.output_gate; in the decode graphs' attention kernel)."""
+    the output times sigmoid(gate) (layers.output_gate; in the decode graphs' attention kernel); `qk_norm`:
+    q and k normed and roped first (layers.qk_norm_rope; a captured step's in the KV write's launch)."""
     if isinstance(segments, StaticBatch):
-        return segments.attend(key, q, k, v, gate)
+        return segments.attend(key, q, k, v, gate, qk_norm)
+    if qk_norm is not None:
+        q, k = qk_norm_rope(q, k, *qk_norm)
     out = per_sequence(segments, lambda state, q, k, v: state.kv.attend(key, state.length, q, k, v), q, k, v)
     return out if gate is None else output_gate(out, gate)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .kv.pool import BlockPool
-from .layers import causal_attention, output_gate
+from .layers import QKNorm, causal_attention, gated_rms_norm, output_gate, qk_norm_rope
 
 if TYPE_CHECKING:
     from .state import SequenceState
@@ -23,6 +23,16 @@ def runs_in_place(rows: torch.Tensor) -> bool:
     """Whether a static step's GDN layers take the in-place kernels (kernels/gdn_decode.py, Triton):
     on the GPU (the CPU tests also run them in Triton's interpreter)."""
     return rows.is_cuda
+
+
+def _norm_rope_writes(pool: BlockPool, rows: torch.Tensor) -> bool:
+    """Whether a static step's attention layers norm and rope q/k in the KV write's launch
+    (kv_write.NORM_ROPE_WRITE): an INT8 pool, written in place (runs_in_place), a power-of-two head size."""
+    if not (runs_in_place(rows) and pool.layout.dtype == "int8" and rows.shape[-1] & (rows.shape[-1] - 1) == 0):
+        return False
+    from .kernels import kv_write  # Triton: GPU installs (and the CPU tests' interpreter)
+
+    return kv_write.NORM_ROPE_WRITE
 
 
 class GDNSlab:
@@ -104,10 +114,18 @@ class StaticBatch:
         self.tables = torch.zeros(size, pool.num_blocks, dtype=torch.int32, device=device)  # block tables
 
     def attend(self, key: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               gate: torch.Tensor | None = None) -> torch.Tensor:
-        """state.attend's contract for the batch's rows (`gate`: layers.output_gate applied)."""
+               gate: torch.Tensor | None = None, qk_norm: QKNorm | None = None) -> torch.Tensor:
+        """state.attend's contract for the batch's rows (`gate`: layers.output_gate applied; `qk_norm`: q and k
+        normed and roped first, in the KV write's launch where it runs in place: kernels/kv_write.py)."""
         layer = self.layers[key]
-        self.pool.write_slots(layer, self.kv_slots, k, v)
+        if qk_norm is not None and _norm_rope_writes(self.pool, q):
+            from .kernels import kv_write
+
+            q = kv_write.norm_rope_write_slots(self.pool, layer, self.kv_slots, q, k, v, *qk_norm)
+        else:
+            if qk_norm is not None:
+                q, k = qk_norm_rope(q, k, *qk_norm)
+            self.pool.write_slots(layer, self.kv_slots, k, v)
         if self.pool.k.is_cuda and self.pool.layout.dtype == "int8":
             from .kernels.paged_attention import paged_attention
 
@@ -121,17 +139,18 @@ class StaticBatch:
             out.append(causal_attention(rows, keys, values, q_offset=length - self.q_len))
         return torch.cat(out) if gate is None else output_gate(torch.cat(out), gate)
 
-    def gdn(self, layer: int, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, step, step_in_place=None
-            ) -> torch.Tensor:
-        """The layer's recurrence over the rows: `step(layer, qkv, g, beta, windows, states)` -> (out,
-        windows, states) once per token (a verify's tokens in order, each state kept for the rollback),
-        the states gathered from the slab and written back. On the GPU `step_in_place(layer, qkv, g,
-        beta, windows, states, slots, tokens, keep)` -> out runs instead: it updates the slab's rows
-        itself (no gather, no scatter) and, for a verify, writes each token's states to the slab's step
-        rows (keep: (step windows, step states))."""
+    def gdn(self, layer: int, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, norm: tuple, step,
+            step_in_place=None) -> torch.Tensor:
+        """The layer's recurrence over the rows and its output norm (gate, weight, eps: layers.gated_rms_norm's)
+        -> the normed output: `step(layer, qkv, g, beta, windows, states)` -> (out, windows, states) once per
+        token (a verify's tokens in order, each state kept for the rollback), the states gathered from the
+        slab and written back. On the GPU `step_in_place(layer, qkv, g, beta, norm, windows, states, slots,
+        tokens, keep)` -> the normed output runs instead: it updates the slab's rows itself (no gather, no
+        scatter) and, for a verify, writes each token's states to the slab's step rows (keep: (step windows,
+        step states))."""
         if step_in_place is not None and runs_in_place(qkv):
             keep = (self.slab.step_conv[layer], self.slab.step_recurrent[layer]) if self.q_len > 1 else None
-            return step_in_place(layer, qkv, g, beta, self.slab.conv[layer], self.slab.recurrent[layer],
+            return step_in_place(layer, qkv, g, beta, norm, self.slab.conv[layer], self.slab.recurrent[layer],
                                  self.state_slots, self.q_len, keep)
         conv = self.slab.conv[layer].index_select(0, self.state_slots)
         recurrent = self.slab.recurrent[layer].index_select(0, self.state_slots)
@@ -148,4 +167,4 @@ class StaticBatch:
                 outs.append(o)
             out = torch.stack(outs, dim=1).flatten(0, 1)  # back to sequence-major rows
         self.slab.scatter(self.state_slots, {layer: (conv, recurrent)})
-        return out
+        return gated_rms_norm(out.to(norm[0].dtype), *norm)

@@ -28,7 +28,9 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     (cuda_ops.FUSED_GLU flipped); with --ab-triton-pdl, with the step's Triton kernels launched as
     programmatic dependents of the kernel ahead and as plain launches (kernels.common.TRITON_PDL flipped);
     with --ab-conv-gates, with a GDN layer's conv and gates in one launch and in two
-    (kernels.gdn_decode.CONV_GATES); with --ab-overlap, with the host reading a step's tokens while the next
+    (kernels.gdn_decode.CONV_GATES); with --ab-norm-in-recurrence, with its output norm in the recurrence's launch
+    and apart (kernels.gdn_decode.NORM_IN_RECURRENCE); with --ab-norm-rope-write, with an attention layer's q/k
+    norm and RoPE in the KV write's launch and apart (kernels.kv_write.NORM_ROPE_WRITE); with --ab-overlap, with the host reading a step's tokens while the next
     step runs and after it (OVERLAP_STEPS); with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone
     streamed through NAME (cuda_ops.MLP_PIPELINE); with
     --ab-prefill-attention MODE, each prefill (the longest with its next turns) in the default long-chunk
@@ -67,7 +69,7 @@ from ninfer_registry import load as registry_entry  # noqa: E402
 from ninfer_registry import scheme_classes  # noqa: E402
 from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
 from ninfer_run.kernels import common as kernel_common  # noqa: E402
-from ninfer_run.kernels import cuda_ops, gated_delta, gdn_decode, prefill_modes  # noqa: E402
+from ninfer_run.kernels import cuda_ops, gated_delta, gdn_decode, kv_write, prefill_modes  # noqa: E402
 from ninfer_run.kernels.common import counting_compiles  # noqa: E402
 from ninfer_run.kernels.linear import QuantizedLinear, Scratch  # noqa: E402
 from ninfer_run.memory import ModelShape, plan  # noqa: E402
@@ -465,6 +467,10 @@ TOGGLES = (
      "the step's Triton kernels launched as programmatic dependents and not (NINFER_TRITON_PDL)"),
     ("--ab-conv-gates", "conv gates", gdn_decode, "CONV_GATES",
      "a GDN layer's conv and gates in one launch and apart (NINFER_GDN_CONV_GATES)"),
+    ("--ab-norm-in-recurrence", "norm in recurrence", gdn_decode, "NORM_IN_RECURRENCE",
+     "a GDN layer's output norm in its recurrence's launch and apart (NINFER_GDN_NORM_IN_RECURRENCE)"),
+    ("--ab-norm-rope-write", "norm rope write", kv_write, "NORM_ROPE_WRITE",
+     "an attention layer's q/k norm and RoPE in its KV write's launch and apart (NINFER_NORM_ROPE_WRITE)"),
     ("--ab-overlap", "overlap", sys.modules[__name__], "OVERLAP_STEPS",
      "the host reading a step's tokens while the next step runs and after it (EngineConfig.overlap_steps)"),
 )
@@ -480,7 +486,7 @@ ANATOMY = {"no gdn chain": ("gdn",), "no attention chain": ("attention",), "gemv
 def _skipping(model, chains: tuple[str, ...]) -> contextlib.ExitStack:
     """Patches that leave out each of `chains`: "gdn" (a GDN layer's gates, conv, recurrence and gated
     norm: its in_proj and out_proj GEMVs stay), "attention" (an attention layer's q/k norm + RoPE, KV
-    write and attention: its qkv and o_proj GEMVs stay)."""
+    write and attention, all inside state.attend: its qkv and o_proj GEMVs stay)."""
     c, stack = model.cfg, contextlib.ExitStack()
     if "gdn" in chains:
         def gates(h, w_ab, *_):
@@ -495,7 +501,6 @@ def _skipping(model, chains: tuple[str, ...]) -> contextlib.ExitStack:
             stack.enter_context(mock.patch.object(owner, name, recurrence))
         stack.enter_context(mock.patch.object(qwen3_5, "gated_rms_norm", lambda x, z, *_: torch.empty_like(z)))
     if "attention" in chains:
-        stack.enter_context(mock.patch.object(qwen3_5, "qk_norm_rope", lambda q, k, *_: (q, k)))
         stack.enter_context(mock.patch.object(qwen3_5, "attend", lambda segments, key, q, *_: torch.empty_like(q)))
     return stack
 

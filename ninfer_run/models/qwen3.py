@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..layers import add_rms_norm, add_rms_norm_linear_group, add_rms_norm_swiglu_mlp, linear, qk_norm_rope, rope_once
+from ..layers import QKNorm, add_rms_norm, add_rms_norm_linear_group, add_rms_norm_swiglu_mlp, linear, rope_once
 from ..state import Segments, advance, attend, rope_positions
 from .base import CausalLM
 
@@ -56,10 +56,9 @@ class Model(CausalLM):
         cos, sin = rope()
         x, _, (q, k, v) = project([w[p + f"{name}_proj.weight"] for name in "qkv"])
         t = q.shape[0]
-        q, k = qk_norm_rope(q.view(t, c.num_heads, c.head_dim), k.view(t, c.num_kv_heads, c.head_dim),
-                            w[p + "q_norm.weight"], w[p + "k_norm.weight"], c.eps, 0.0, cos, sin)
-        v = v.view(t, c.num_kv_heads, c.head_dim)
-        return x, linear(attend(segments, i, q, k, v).reshape(t, -1), w[p + "o_proj.weight"])
+        norm = QKNorm(w[p + "q_norm.weight"], w[p + "k_norm.weight"], c.eps, 0.0, cos, sin)
+        q, (k, v) = q.view(t, c.num_heads, c.head_dim), (y.view(t, c.num_kv_heads, c.head_dim) for y in (k, v))
+        return x, linear(attend(segments, i, q, k, v, qk_norm=norm).reshape(t, -1), w[p + "o_proj.weight"])
 
     has_mtp = False
 

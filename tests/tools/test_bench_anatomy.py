@@ -12,7 +12,7 @@ from ninfer_run.models import qwen3_5
 
 CHAIN = {"gdn": [(qwen3_5, "projected_gates"), (qwen3_5.Model, "_gdn_sequence"), (qwen3_5.Model, "_gdn_decode_batch"),
                  (qwen3_5, "gated_rms_norm")],
-         "attention": [(qwen3_5, "qk_norm_rope"), (qwen3_5, "attend")]}
+         "attention": [(qwen3_5, "attend")]}  # (q/k norm and RoPE inside it)
 
 
 @pytest.fixture(scope="module")
