@@ -469,6 +469,8 @@ TOGGLES = (
      "a GDN layer's conv and gates in one launch and apart (NINFER_GDN_CONV_GATES)"),
     ("--ab-norm-in-recurrence", "norm in recurrence", gdn_decode, "NORM_IN_RECURRENCE",
      "a GDN layer's output norm in its recurrence's launch and apart (NINFER_GDN_NORM_IN_RECURRENCE)"),
+    ("--ab-early-state", "early state", gdn_decode, "EARLY_STATE",
+     "the GDN recurrence's states loaded before it waits for the kernel ahead and after (NINFER_GDN_EARLY_STATE)"),
     ("--ab-norm-rope-write", "norm rope write", kv_write, "NORM_ROPE_WRITE",
      "an attention layer's q/k norm and RoPE in its KV write's launch and apart (NINFER_NORM_ROPE_WRITE)"),
     ("--ab-overlap", "overlap", sys.modules[__name__], "OVERLAP_STEPS",

@@ -37,6 +37,9 @@ CONV_GATES = os.environ.get("NINFER_GDN_CONV_GATES", "1") == "1"
 # Whether a decode step's GDN output norm runs in the recurrence's launch (recurrent_step's norm; read at each
 # call: bench.py --ab-norm-in-recurrence flips it)
 NORM_IN_RECURRENCE = os.environ.get("NINFER_GDN_NORM_IN_RECURRENCE", "0") == "1"
+# Whether the recurrence loads its states before it waits for the kernel ahead (recurrent_step; read at each call:
+# bench.py --ab-early-state flips it)
+EARLY_STATE = os.environ.get("NINFER_GDN_EARLY_STATE", "0") == "1"
 
 
 @triton.jit
@@ -144,9 +147,10 @@ def conv_gates_step(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor
 def _recurrent_step_kernel(conv_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS,
                            HK, HV, scale, z_ptr, norm_w_ptr, normed_ptr, arrivals_ptr, eps, DK: tl.constexpr,
                            DV: tl.constexpr, BV: tl.constexpr, KEEP: tl.constexpr, NORM: tl.constexpr,
-                           NORM_IN_DTYPE: tl.constexpr, PDL: tl.constexpr):
+                           NORM_IN_DTYPE: tl.constexpr, EARLY_STATE: tl.constexpr, PDL: tl.constexpr):
     launch_dependents(PDL)
-    wait_for_inputs(PDL)
+    if not EARLY_STATE:
+        wait_for_inputs(PDL)
     b, h, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kh = h // (HV // HK)  # the value head's key head (transformers' repeat_interleave)
     dk = tl.arange(0, DK)
@@ -155,6 +159,8 @@ def _recurrent_step_kernel(conv_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_
     tile = (h * DK + dk[:, None]) * DV + dv[None, :]  # within one [Hv, Dk, Dv] state
     s_ptrs = state_ptr + slot * HV * DK * DV + tile
     s = tl.load(s_ptrs)
+    if EARLY_STATE:  # (the slots and states were written before the step's first kernel: recurrent_step)
+        wait_for_inputs(PDL)
     for j in range(T):
         row = conv_ptr + (b * T + j) * C
         q = tl.load(row + kh * DK + dk).to(tl.float32)
@@ -216,7 +222,13 @@ def recurrent_step(conv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, stat
     norm (gate [B * tokens, Hv, Dv], weight [Dv], eps): out goes through norms.gated_rms_norm(out, gate,
     weight, eps) in the same launch (a head's last program to end normalizes it) and that is returned: a
     launch and a wait fewer a GDN layer (NORM_IN_RECURRENCE). One stream at a time: the launches share
-    their arrival counts."""
+    their arrival counts.
+
+    With EARLY_STATE, a program loads its slot and its state before it waits for the kernel ahead (PDL): it
+    may then start while earlier kernels of the step still run, so no kernel of the step ahead of it may
+    write `slots` or `states` - true of a static step, whose slots are copied in and whose states are
+    written only by this layer's recurrence, a step earlier (every step starts after the one before ends:
+    its first kernel is no programmatic dependent)."""
     rows = conv.shape[0]
     _, hv, dk, dv = states.shape
     out = torch.empty(rows, hv, dv, dtype=conv.dtype, device=conv.device)
@@ -236,7 +248,8 @@ def recurrent_step(conv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, stat
         conv.contiguous(), g.float().contiguous(), beta.float().contiguous(), states, slots, out,
         keep if keep is not None else states, conv.shape[1], tokens, keep.shape[1] if keep is not None else 0,
         key_heads, hv, dk**-0.5, gate, weight, normed, arrivals, eps, DK=dk, DV=dv, BV=bv, KEEP=keep is not None,
-        NORM=norm is not None, NORM_IN_DTYPE=weight.dtype == out.dtype, **launch_options, **programmatic(conv.device))
+        NORM=norm is not None, NORM_IN_DTYPE=weight.dtype == out.dtype, EARLY_STATE=EARLY_STATE, **launch_options,
+        **programmatic(conv.device))
     return normed
 
 
