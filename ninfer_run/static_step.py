@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .kv.pool import BlockPool
-from .layers import QKNorm, causal_attention, gated_rms_norm, output_gate, qk_norm_rope
+from .layers import QKNorm, causal_attention, output_gate, qk_norm_rope
 
 if TYPE_CHECKING:
     from .state import SequenceState
@@ -139,18 +139,17 @@ class StaticBatch:
             out.append(causal_attention(rows, keys, values, q_offset=length - self.q_len))
         return torch.cat(out) if gate is None else output_gate(torch.cat(out), gate)
 
-    def gdn(self, layer: int, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, norm: tuple, step,
-            step_in_place=None) -> torch.Tensor:
-        """The layer's recurrence over the rows and its output norm (gate, weight, eps: layers.gated_rms_norm's)
-        -> the normed output: `step(layer, qkv, g, beta, windows, states)` -> (out, windows, states) once per
-        token (a verify's tokens in order, each state kept for the rollback), the states gathered from the
-        slab and written back. On the GPU `step_in_place(layer, qkv, g, beta, norm, windows, states, slots,
-        tokens, keep)` -> the normed output runs instead: it updates the slab's rows itself (no gather, no
-        scatter) and, for a verify, writes each token's states to the slab's step rows (keep: (step windows,
-        step states))."""
+    def gdn(self, layer: int, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, step, step_in_place=None
+            ) -> torch.Tensor:
+        """The layer's recurrence over the rows: `step(layer, qkv, g, beta, windows, states)` -> (out,
+        windows, states) once per token (a verify's tokens in order, each state kept for the rollback),
+        the states gathered from the slab and written back. On the GPU `step_in_place(layer, qkv, g,
+        beta, windows, states, slots, tokens, keep)` -> out runs instead: it updates the slab's rows
+        itself (no gather, no scatter) and, for a verify, writes each token's states to the slab's step
+        rows (keep: (step windows, step states))."""
         if step_in_place is not None and runs_in_place(qkv):
             keep = (self.slab.step_conv[layer], self.slab.step_recurrent[layer]) if self.q_len > 1 else None
-            return step_in_place(layer, qkv, g, beta, norm, self.slab.conv[layer], self.slab.recurrent[layer],
+            return step_in_place(layer, qkv, g, beta, self.slab.conv[layer], self.slab.recurrent[layer],
                                  self.state_slots, self.q_len, keep)
         conv = self.slab.conv[layer].index_select(0, self.state_slots)
         recurrent = self.slab.recurrent[layer].index_select(0, self.state_slots)
@@ -167,4 +166,4 @@ class StaticBatch:
                 outs.append(o)
             out = torch.stack(outs, dim=1).flatten(0, 1)  # back to sequence-major rows
         self.slab.scatter(self.state_slots, {layer: (conv, recurrent)})
-        return gated_rms_norm(out.to(norm[0].dtype), *norm)
+        return out

@@ -11,8 +11,7 @@ gather/scatter alone moved 2 x 3 MB per layer and token (profile: ~1 ms of a 11.
                   C = 1 step's graph 7.14 -> 7.05 ms, C = 8 10.06 -> 10.04).
   recurrent_step: q/k L2-normalised (q also scaled by Dk^-0.5) and the gated delta rule, token by
                   token, on state [Hv, Dk, Dv] of slot s, in place -> out [T, Hv, Dv]; with `keep`,
-                  the state after each token too; with `norm`, the layer's gated output norm as well (a
-                  head's last program to end normalizes it: NINFER_GDN_NORM_IN_RECURRENCE).
+                  the state after each token too.
 
 The torch references are the model's own step (Qwen3_5._gdn_step: conv1d + gated_delta.step_reference)
 over gathered copies; tests/kernels/test_gdn_decode.py compares the two on fresh random inputs.
@@ -29,14 +28,10 @@ import triton.language as tl
 from .common import launch_dependents, programmatic, wait_for_inputs
 from .gated_delta import MAX_PROJECTED_ROWS, projection_fits
 from .gdn_gates import PROJECTED_WARPS, projected_gate
-from .norms import weighted
 
 CONV_BLOCK = 256  # channels a conv program takes
 # Whether a decode step's GDN layers take conv_gates_step (read at each call: bench.py --ab-conv-gates flips it)
 CONV_GATES = os.environ.get("NINFER_GDN_CONV_GATES", "1") == "1"
-# Whether a decode step's GDN output norm runs in the recurrence's launch (recurrent_step's norm; read at each
-# call: bench.py --ab-norm-in-recurrence flips it)
-NORM_IN_RECURRENCE = os.environ.get("NINFER_GDN_NORM_IN_RECURRENCE", "0") == "1"
 # Whether the recurrence loads its states before it waits for the kernel ahead (recurrent_step; read at each call:
 # bench.py --ab-early-state flips it)
 EARLY_STATE = os.environ.get("NINFER_GDN_EARLY_STATE", "0") == "1"
@@ -145,9 +140,8 @@ def conv_gates_step(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor
 
 @triton.jit
 def _recurrent_step_kernel(conv_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS,
-                           HK, HV, scale, z_ptr, norm_w_ptr, normed_ptr, arrivals_ptr, eps, DK: tl.constexpr,
-                           DV: tl.constexpr, BV: tl.constexpr, KEEP: tl.constexpr, NORM: tl.constexpr,
-                           NORM_IN_DTYPE: tl.constexpr, EARLY_STATE: tl.constexpr, PDL: tl.constexpr):
+                           HK, HV, scale, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, KEEP: tl.constexpr,
+                           EARLY_STATE: tl.constexpr, PDL: tl.constexpr):
     launch_dependents(PDL)
     if not EARLY_STATE:
         wait_for_inputs(PDL)
@@ -175,30 +169,6 @@ def _recurrent_step_kernel(conv_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_
         if KEEP:  # the state after token j
             tl.store(keep_ptr + (slot * KEEP_STEPS + j) * HV * DK * DV + tile, s)
     tl.store(s_ptrs, s)
-    if NORM:
-        _gated_norm_when_last(out_ptr, z_ptr, norm_w_ptr, normed_ptr, arrivals_ptr + b * HV + h, b, h, T, HV, eps, DV,
-                              DV // BV, NORM_IN_DTYPE)
-
-
-@triton.jit
-def _gated_norm_when_last(out_ptr, z_ptr, w_ptr, normed_ptr, arrivals_ptr, b, h, T, HV, eps, DV: tl.constexpr,
-                          ARRIVALS: tl.constexpr, IN_DTYPE: tl.constexpr):
-    """The head's gated RMSNorm (norms.gated_rms_norm's rounding) over its T rows, by whichever of its
-    ARRIVALS programs ends last: each counts itself in once its columns of `out` are stored (the CTA's
-    stores, then one release at GPU scope: CUTLASS's semaphore pattern), and the one that sees the others'
-    counts reads the whole head back and resets the count for the next launch (graph replays reuse it)."""
-    tl.debug_barrier()  # every thread's stores of this program before its count
-    if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel", scope="gpu") == ARRIVALS - 1:
-        tl.atomic_xchg(arrivals_ptr, 0, sem="relaxed", scope="gpu")
-        d = tl.arange(0, DV)
-        dtype = normed_ptr.dtype.element_ty
-        for j in range(T):
-            r = ((b * T + j) * HV + h) * DV + d
-            x = tl.load(out_ptr + r, cache_modifier=".cg").to(tl.float32)  # L2: written by other SMs
-            normed = x * tl.rsqrt(tl.sum(x * x, 0) / DV + eps)
-            y = weighted(normed, w_ptr, d, d < DV, 0.0, dtype, False, IN_DTYPE)
-            z = tl.load(z_ptr + r).to(tl.float32)
-            tl.store(normed_ptr + r, (y * (z / (1.0 + tl.exp(-z)))).to(dtype, fp_downcast_rounding="rtne"))
 
 
 # A program's Dv columns and warps by the batch's sequences. Stop 33's sweep (H100, 27B heads, 48 layers
@@ -210,19 +180,13 @@ SMALL_BATCH, SMALL_BATCH_LAUNCH, LAUNCH = 2, (16, {"num_warps": 1}), (32, {"num_
 
 def recurrent_step(conv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states: torch.Tensor,
                    slots: torch.Tensor, key_heads: int, tokens: int = 1, keep: torch.Tensor | None = None,
-                   value_block: int | None = None, launch_options: dict | None = None,
-                   norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
+                   value_block: int | None = None, launch_options: dict | None = None) -> torch.Tensor:
     """conv [B * tokens, 2*Hk*Dk + Hv*Dv] (q | k | v after the conv, sequence-major rows), g/beta
     [B * tokens, Hv] float32, states [slots, Hv, Dk, Dv] float32 (advanced in place), slots [B];
     keep [slots, steps >= tokens, Hv, Dk, Dv]: gets the state after each token -> out [B * tokens, Hv, Dv]
     in conv's dtype. A program takes `value_block` of a head's Dv columns (with all its Dk rows);
     `launch_options`: Triton's (num_warps, ...). Both default to the batch's (SMALL_BATCH_LAUNCH or
     LAUNCH); tools/bench_kernels.py --gdn-sweep tries the others.
-
-    norm (gate [B * tokens, Hv, Dv], weight [Dv], eps): out goes through norms.gated_rms_norm(out, gate,
-    weight, eps) in the same launch (a head's last program to end normalizes it) and that is returned: a
-    launch and a wait fewer a GDN layer (NORM_IN_RECURRENCE). One stream at a time: the launches share
-    their arrival counts.
 
     With EARLY_STATE, a program loads its slot and its state before it waits for the kernel ahead (PDL): it
     may then start while earlier kernels of the step still run, so no kernel of the step ahead of it may
@@ -235,34 +199,9 @@ def recurrent_step(conv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, stat
     default_block, default_options = SMALL_BATCH_LAUNCH if rows // tokens <= SMALL_BATCH else LAUNCH
     bv = min(value_block or default_block, dv)
     launch_options = default_options if launch_options is None else launch_options
-    if norm is not None:
-        gate, weight, eps = norm
-        if gate.shape != out.shape or weight.shape != (dv,):
-            raise ValueError(f"recurrent_step: norm gate {tuple(gate.shape)} and weight {tuple(weight.shape)} for an "
-                             f"output {tuple(out.shape)}")
-        normed, arrivals = torch.empty_like(out), _arrivals(conv.device, rows // tokens * hv)
-        gate, weight = gate.contiguous(), weight.contiguous()
-    else:
-        normed, arrivals, gate, weight, eps = out, slots, out, out, 0.0
     _recurrent_step_kernel[(rows // tokens, hv, dv // bv)](
         conv.contiguous(), g.float().contiguous(), beta.float().contiguous(), states, slots, out,
         keep if keep is not None else states, conv.shape[1], tokens, keep.shape[1] if keep is not None else 0,
-        key_heads, hv, dk**-0.5, gate, weight, normed, arrivals, eps, DK=dk, DV=dv, BV=bv, KEEP=keep is not None,
-        NORM=norm is not None, NORM_IN_DTYPE=weight.dtype == out.dtype, EARLY_STATE=EARLY_STATE, **launch_options,
-        **programmatic(conv.device))
-    return normed
-
-
-_ARRIVALS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def _arrivals(device: torch.device, count: int) -> torch.Tensor:
-    """At least `count` int32 arrival counts on `device`, zero between launches (each launch's last
-    program of a head resets its count). Kept for the process: a captured graph holds their address, so
-    a larger need gets a new tensor beside the old ones, never in their place."""
-    held = _ARRIVALS.setdefault(device, [])
-    for counts in held:
-        if counts.numel() >= count:
-            return counts
-    held.append(torch.zeros(max(count, 1024), dtype=torch.int32, device=device))
-    return held[-1]
+        key_heads, hv, dk**-0.5, DK=dk, DV=dv, BV=bv, KEEP=keep is not None, EARLY_STATE=EARLY_STATE,
+        **launch_options, **programmatic(conv.device))
+    return out

@@ -25,7 +25,7 @@ def _round(v, dtype: tl.constexpr):
 
 
 @triton.jit
-def weighted(normed, w_ptr, d, ok, offset, dtype: tl.constexpr, OFFSET: tl.constexpr, IN_DTYPE: tl.constexpr):
+def _weighted(normed, w_ptr, d, ok, offset, dtype: tl.constexpr, OFFSET: tl.constexpr, IN_DTYPE: tl.constexpr):
     """The normalized values times the weight (at columns d), as the reference rounds them."""
     w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
     if OFFSET:
@@ -62,12 +62,12 @@ def normed_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, row, 
         x = _round(x + tl.load(h_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32), dtype)
         tl.store(s_ptr + row * D + d, x.to(dtype), mask=ok)
     rstd = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
-    y = weighted(x * rstd, w_ptr, d, ok, offset, dtype, OFFSET, IN_DTYPE)
+    y = _weighted(x * rstd, w_ptr, d, ok, offset, dtype, OFFSET, IN_DTYPE)
     if ROPE:  # layers.apply_rope on the normed row (NeoX halves over the first RD columns), as it rounds
         half = RD // 2
         partner = tl.where(d < half, d + half, tl.where(d < RD, d - half, d))  # the rotate_half source
         xp = tl.load(x_ptr + row * X_STRIDE + partner, mask=ok, other=0.0).to(tl.float32)
-        yp = _round(weighted(xp * rstd, w_ptr, partner, ok, offset, dtype, OFFSET, IN_DTYPE), dtype)
+        yp = _round(_weighted(xp * rstd, w_ptr, partner, ok, offset, dtype, OFFSET, IN_DTYPE), dtype)
         t = row // HEADS  # rows are [token, head]
         rot = d < RD
         cos = tl.load(cos_ptr + t * RD + d, mask=rot, other=0.0).to(tl.float32)
@@ -105,7 +105,7 @@ def _narrow_rows_kernel(x_ptr, w_ptr, g_ptr, y_ptr, R, D, X_STRIDE, eps, offset,
     dtype = y_ptr.dtype.element_ty
     x = tl.load(x_ptr + r[:, None] * X_STRIDE + d, mask=ok, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, 1) / D + eps)
-    y = weighted(x * rstd[:, None], w_ptr, d, d < D, offset, dtype, OFFSET, IN_DTYPE)
+    y = _weighted(x * rstd[:, None], w_ptr, d, d < D, offset, dtype, OFFSET, IN_DTYPE)
     if GATED:
         g = tl.load(g_ptr + r[:, None] * D + d, mask=ok, other=0.0).to(tl.float32)
         y = y * (g / (1.0 + tl.exp(-g)))

@@ -154,15 +154,13 @@ class Model(CausalLM):
         else:  # quantized (a profile that quantizes them)
             a, b = linear_group(h, [self._p(p + "in_proj_a.weight"), self._p(p + "in_proj_b.weight")])
             g, beta = gates(a, b, self._p(p + "A_log"), self._p(p + "dt_bias"))
-        norm = (z, self._p(p + "norm.weight"), c.eps)  # the output norm's gate, weight and eps
         if isinstance(segments, StaticBatch):
-            o = segments.gdn(i, qkv, g, beta, norm, self._gdn_step, self._gdn_step_in_place)
+            out = segments.gdn(i, qkv, g, beta, self._gdn_step, self._gdn_step_in_place)
+        elif len(segments) > 1 and all(n == 1 for _, n in segments):
+            out = self._gdn_decode_batch(i, qkv, g, beta, [state for state, _ in segments])
         else:
-            if len(segments) > 1 and all(n == 1 for _, n in segments):
-                out = self._gdn_decode_batch(i, qkv, g, beta, [state for state, _ in segments])
-            else:
-                out = per_sequence(segments, lambda state, *rows: self._gdn_sequence(i, *rows, state), qkv, g, beta)
-            o = gated_rms_norm(out.to(h.dtype), *norm)
+            out = per_sequence(segments, lambda state, *rows: self._gdn_sequence(i, *rows, state), qkv, g, beta)
+        o = gated_rms_norm(out.to(h.dtype), z, self._p(p + "norm.weight"), c.eps)
         return x, linear(o.reshape(t, -1), self._p(p + "out_proj.weight"))
 
     @property
@@ -222,11 +220,10 @@ class Model(CausalLM):
         out, new = gated_delta_step(*self._split_heads(conv), g, beta, recurrent)
         return out, padded[:, 1:], new
 
-    def _gdn_step_in_place(self, i: int, qkv, g, beta, norm: tuple, windows: torch.Tensor, states: torch.Tensor,
+    def _gdn_step_in_place(self, i: int, qkv, g, beta, windows: torch.Tensor, states: torch.Tensor,
                            slots: torch.Tensor, tokens: int = 1, keep=None) -> torch.Tensor:
         """`_gdn_step` over `tokens` rows per sequence on rows `slots` of the slab's windows and states,
-        updated in place (GPU kernels), and the output norm (gate, weight, eps) -> the normed output;
-        keep: (step windows, step states) to hold each token's states."""
+        updated in place (GPU kernels); keep: (step windows, step states) to hold each token's states."""
         from ..kernels import gdn_decode  # Triton: GPU installs only
 
         keep_windows, keep_states = keep if keep is not None else (None, None)
@@ -235,11 +232,7 @@ class Model(CausalLM):
             conv, g, beta = gdn_decode.conv_gates_step(qkv, windows, weight, slots, *g, tokens=tokens, keep=keep_windows)
         else:
             conv = gdn_decode.conv_step(qkv, windows, weight, slots, tokens, keep_windows)
-        if gdn_decode.NORM_IN_RECURRENCE:
-            return gdn_decode.recurrent_step(conv, g, beta, states, slots, self.cfg.k_heads, tokens, keep_states,
-                                             norm=norm)
-        out = gdn_decode.recurrent_step(conv, g, beta, states, slots, self.cfg.k_heads, tokens, keep_states)
-        return gated_rms_norm(out, *norm)
+        return gdn_decode.recurrent_step(conv, g, beta, states, slots, self.cfg.k_heads, tokens, keep_states)
 
     def _rope(self, segments: Segments, like: torch.Tensor):
         """-> the rows' RoPE (cos, sin) as layers.rope_once."""

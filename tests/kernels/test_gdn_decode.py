@@ -135,35 +135,3 @@ def test_conv_gates_step_is_conv_step_and_projected_gates(slots, tokens):
     with pytest.raises(ValueError, match="at most 16 rows"):
         gdn_decode.conv_gates_step(x.repeat(17, 1), windows, weight, index.repeat(17), h.repeat(17, 1), w_ab, a_log,
                                    dt_bias, tokens)
-
-
-@pytest.mark.parametrize("slots,tokens,value_block,norm_dtype", [([2], 1, None, "x"), ([4, 0, 2], 1, None, "x"),
-                                                                 ([3, 1], 3, None, "x"), ([2], 1, 32, "float32")])
-def test_norm_in_recurrence_is_recurrence_then_gated_norm(slots, tokens, value_block, norm_dtype):
-    """recurrent_step with `norm` (a head's last program normalizes it) gives the recurrence followed by
-    the gated norm's reference, with the same states; run twice, as a graph replays it, the arrival counts
-    were left at zero (the second launch normalizes too)."""
-    from ninfer_run.layers import gated_rms_norm_reference
-
-    gen = torch.Generator().manual_seed(30 + len(slots) + tokens)
-    c, n, rows = 2 * HK * D + HV * D, 6, len(slots) * tokens
-    conv = torch.randn(rows, c, generator=gen).to(DEVICE, DTYPE)
-    states = (torch.randn(n, HV, D, D, generator=gen) * 0.1).to(DEVICE)
-    g = (-F.softplus(torch.randn(rows, HV, generator=gen)) * 0.5).to(DEVICE)
-    beta = torch.randn(rows, HV, generator=gen).sigmoid().to(DEVICE)
-    gate = torch.randn(rows, HV, D, generator=gen).to(DEVICE, DTYPE)
-    weight = (1 + 0.1 * torch.randn(D, generator=gen)).to(DEVICE, DTYPE if norm_dtype == "x" else torch.float32)
-    index = torch.tensor(slots, device=DEVICE)
-    apart = states.clone()
-    for launch in range(2):
-        # (the fused launch first: a scratch output the unfused one freed could hold the right values already)
-        got = gdn_decode.recurrent_step(conv, g, beta, states, index, HK, tokens, value_block=value_block,
-                                        norm=(gate, weight, 1e-6))
-        want = gated_rms_norm_reference(gdn_decode.recurrent_step(conv, g, beta, apart, index, HK, tokens,
-                                                                  value_block=value_block), gate, weight, 1e-6)
-        assert got.shape == want.shape and got.dtype == DTYPE
-        assert _rel(got, want) < 1e-2, launch  # METHOD.md's bf16 bound; the same rounding points
-        assert torch.equal(states, apart), launch
-    assert not gdn_decode._arrivals(torch.device(DEVICE), 1).any()
-    with pytest.raises(ValueError, match="norm gate"):
-        gdn_decode.recurrent_step(conv, g, beta, states, index, HK, tokens, norm=(gate[:, :1], weight, 1e-6))

@@ -40,13 +40,12 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-@pytest.fixture(params=["gathered", "in_place", "in_place_conv_gates", "in_place_norm_in_recurrence",
-                        "in_place_norm_rope_write"])
+@pytest.fixture(params=["gathered", "in_place", "in_place_conv_gates", "in_place_norm_rope_apart"])
 def gdn_path(request, monkeypatch):
     """The static step's GDN layers as the CPU runs them (gather, torch step, scatter) or as the GPU
-    does (kernels/gdn_decode.py in place on the slab; with the gates in the conv's launch too, or the
-    output norm in the recurrence's), the latter in Triton's interpreter; "in_place_norm_rope_write": also the
-    attention layers' q/k norm and RoPE in the KV write's launch (kernels/kv_write.py)."""
+    does (kernels/gdn_decode.py in place on the slab; with the gates in the conv's launch too), the latter in
+    Triton's interpreter; "in_place_norm_rope_apart": the attention layers' q/k norm and RoPE apart from the KV
+    write's launch (kernels/kv_write.py), the other in-place modes have them in it (the default)."""
     if request.param.startswith("in_place"):
         if torch.cuda.is_available():
             pytest.skip("`pytest -m gpu` runs the in-place kernels compiled (tests below)")
@@ -55,10 +54,9 @@ def gdn_path(request, monkeypatch):
 
         monkeypatch.setattr(static_step, "runs_in_place", lambda rows: True)
         monkeypatch.setattr(gdn_decode, "CONV_GATES", request.param == "in_place_conv_gates")
-        monkeypatch.setattr(gdn_decode, "NORM_IN_RECURRENCE", request.param == "in_place_norm_in_recurrence")
         from ninfer_run.kernels import kv_write
 
-        monkeypatch.setattr(kv_write, "NORM_ROPE_WRITE", request.param == "in_place_norm_rope_write")
+        monkeypatch.setattr(kv_write, "NORM_ROPE_WRITE", request.param != "in_place_norm_rope_apart")
     return request.param
 
 
