@@ -134,7 +134,10 @@ def next_token_ids(logits: torch.Tensor, params: list[SamplingParams],
                    generators: list[torch.Generator | None]) -> torch.Tensor:
     """next_token of each row of logits [B, V], left where the logits are ([B]), so an overlapped step can
     feed them to the next: the greedy rows' argmaxes in one launch, the sampled rows of each sampling
-    setting drawn together (a batch of one client's agents shares one)."""
+    setting drawn together (a batch of one client's agents shares one: then straight from the logits, with no
+    argmax, row index, gather or scatter)."""
+    if not params[0].greedy and all(p == params[0] for p in params):
+        return draw_sampled(logits, params[0], generators)
     ids = logits.argmax(-1)
     for setting in dict.fromkeys(p for p in params if not p.greedy):
         rows = [b for b, p in enumerate(params) if p == setting]

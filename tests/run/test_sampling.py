@@ -32,6 +32,10 @@ def test_next_tokens_of_a_batch_are_each_rows_next_token():
     batched = next_tokens(logits, params, [torch.Generator().manual_seed(b) for b in range(7)])
     rows = [next_token(logits[b], params[b], torch.Generator().manual_seed(b)) for b in range(7)]
     assert batched == rows and batched[3] == 7
+    # every row one sampled setting (drawn straight from the logits): still each row's next_token
+    same = [top_k] * 7
+    assert next_tokens(logits, same, [torch.Generator().manual_seed(b) for b in range(7)]) == [
+        next_token(logits[b], top_k, torch.Generator().manual_seed(b)) for b in range(7)]
 
 
 @pytest.mark.parametrize("params", [SamplingParams(0.6, 0.95, 20), SamplingParams(1.0, 1.0, 5), SamplingParams(0.7, 0.5, 50),
@@ -147,8 +151,11 @@ def test_device_sampling_waits_for_nothing_and_draws_as_the_host():
     torch.cuda.set_sync_debug_mode("error")
     try:
         ids = next_token_ids(on_gpu, params, [torch.Generator().manual_seed(b) for b in range(4)])
+        one_setting = next_token_ids(on_gpu, params[1:3] * 2, [torch.Generator().manual_seed(b) for b in range(4)])
     finally:
         torch.cuda.set_sync_debug_mode(0)
     for b, p in enumerate(params):
         assert (probs(on_gpu[b], p).cpu() - probs(logits[b], p)).abs().max() < 1e-6
     assert ids.tolist() == next_token_ids(logits, params, [torch.Generator().manual_seed(b) for b in range(4)]).tolist()
+    assert one_setting.tolist() == next_token_ids(logits, params[1:3] * 2,
+                                                  [torch.Generator().manual_seed(b) for b in range(4)]).tolist()
