@@ -149,11 +149,22 @@ def _gdn_step():
                                torch.zeros(2, 2, 3, c, dtype=torch.bfloat16))
     gdn_decode.recurrent_step(two, torch.randn(2, hv), torch.rand(2, hv), torch.zeros(2, hv, d, d), slots, hk, 2,
                               torch.zeros(2, 2, hv, d, d))
-    # the conv and the gates in one launch, at the 27B's in_proj_a/b width
-    gdn_decode.conv_gates_step(torch.randn(1, c, dtype=torch.bfloat16), torch.zeros(2, 3, c, dtype=torch.bfloat16),
-                               torch.randn(c, 1, 4, dtype=torch.bfloat16), slots,
-                               torch.randn(1, 5120, dtype=torch.bfloat16), torch.randn(2 * hv, 5120, dtype=torch.bfloat16),
-                               torch.randn(hv), torch.randn(hv))
+    # the conv and the gates in one launch, at the 27B's in_proj_a/b width; then with the states read before the
+    # waits (EARLY_STATE: the one-token conv's own code), the conv alone too
+    for early in (False, True):
+        gdn_decode.EARLY_STATE = early
+        try:
+            conv = gdn_decode.conv_gates_step(torch.randn(1, c, dtype=torch.bfloat16),
+                                              torch.zeros(2, 3, c, dtype=torch.bfloat16),
+                                              torch.randn(c, 1, 4, dtype=torch.bfloat16), slots,
+                                              torch.randn(1, 5120, dtype=torch.bfloat16),
+                                              torch.randn(2 * hv, 5120, dtype=torch.bfloat16), torch.randn(hv),
+                                              torch.randn(hv))[0]
+            gdn_decode.conv_step(conv, torch.zeros(2, 3, c, dtype=torch.bfloat16),
+                                 torch.randn(c, 1, 4, dtype=torch.bfloat16), slots)
+            gdn_decode.recurrent_step(conv, g, beta, torch.zeros(2, hv, d, d), slots, hk)
+        finally:
+            gdn_decode.EARLY_STATE = False
 
 
 def _kv():
@@ -164,6 +175,10 @@ def _kv():
     pool = BlockPool(KVLayout(2, 2, 256, 16, "int8"), 4, "cpu")
     k, v = torch.randn(3, 2, 256, dtype=torch.bfloat16), torch.randn(3, 2, 256, dtype=torch.bfloat16)
     kv_write.write_slots(pool, 1, torch.tensor([0, 1, 2]), k, v)
+    cos, sin = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16)
+    kv_write.norm_rope_write_slots(pool, 1, torch.tensor([0, 1, 2]), torch.randn(3, 4, 512, dtype=torch.bfloat16)[..., :256],
+                                   k, v, torch.randn(256, dtype=torch.bfloat16), torch.randn(256, dtype=torch.bfloat16),
+                                   1e-6, 1.0, cos, sin)  # a captured step's q/k norm + RoPE and KV write
     table = torch.tensor([[0, 1]], dtype=torch.int32)
     kv_read.read_head(pool, 1, table[0], 20, 1, torch.bfloat16)
     paged_attention(torch.randn(1, 3, 4, 256, dtype=torch.bfloat16), pool, 1, table, torch.tensor([20], dtype=torch.int32),
