@@ -18,7 +18,7 @@ import triton.language as tl
 from ..kv.pool import BlockPool
 from ..kv.quant import GROUP
 from .common import launch_dependents, programmatic, wait_for_inputs
-from .norms import normed_row
+from .norms import normed_row, row_warps
 
 # Whether a captured step's attention layers norm and rope q/k in the KV write's launch (norm_rope_write_slots;
 # read at each call: bench.py --ab-norm-rope-write flips it). H100, stop 42, one machine: the step's graph C = 1
@@ -115,5 +115,5 @@ def norm_rope_write_slots(pool: BlockPool, layer: int, slots: torch.Tensor, q: t
         q2, k2, v.contiguous(), q_weight.contiguous(), k_weight.contiguous(), yq, cos, sin, slots, pool.k,
         pool.k_scale, pool.v, pool.v_scale, layer, pool.num_blocks * pool.layout.block_size, q2.shape[0], k2.shape[0],
         q2.stride(0), k2.stride(0), eps, float(offset), hq, cos.shape[-1], H=heads, D=dim, OFFSET=bool(offset),
-        num_warps=4 if dim <= 1024 else 8, **programmatic(q.device))
+        num_warps=row_warps(dim), **programmatic(q.device))
     return yq.view(q.shape)

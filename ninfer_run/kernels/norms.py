@@ -128,7 +128,7 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, yq_ptr, yk_ptr, cos_ptr, 
                   K_HEADS, RD, BLOCK, OFFSET, False, IN_DTYPE, False, True)
 
 
-def _warps(d: int) -> int:
+def row_warps(d: int) -> int:
     """One program normalizes a row: 4 warps up to 1K columns, 8 for wider rows (a 5120-wide hidden
     row then takes 20 values a thread, not 40)."""
     return 4 if d <= 1024 else 8
@@ -169,7 +169,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, ga
                                      x.shape[-2] if rope is not None else 1, cos.shape[-1] if rope is not None else 0,
                                      BLOCK=triton.next_power_of_2(d), OFFSET=bool(offset), GATED=gate is not None,
                                      IN_DTYPE=in_dtype, RESIDUAL=residual is not None, ROPE=rope is not None,
-                                     EARLY=EARLY_LAUNCH, num_warps=_warps(d), **programmatic(x.device))
+                                     EARLY=EARLY_LAUNCH, num_warps=row_warps(d), **programmatic(x.device))
     return (s.view(x.shape), y.view(x.shape)) if residual is not None else y.view(x.shape)
 
 
@@ -196,7 +196,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     _qk_norm_rope_kernel[(q2.shape[0] + k2.shape[0],)](
         q2, k2, q_weight.contiguous(), k_weight.contiguous(), yq, yk, cos, sin, q2.shape[0], d, q2.stride(0),
         k2.stride(0), eps, float(offset), q.shape[-2], k.shape[-2], cos.shape[-1], BLOCK=triton.next_power_of_2(d),
-        OFFSET=bool(offset), IN_DTYPE=True, EARLY=EARLY_LAUNCH, num_warps=_warps(d), **programmatic(q.device))
+        OFFSET=bool(offset), IN_DTYPE=True, EARLY=EARLY_LAUNCH, num_warps=row_warps(d), **programmatic(q.device))
     return yq.view(q.shape), yk.view(k.shape)
 
 
