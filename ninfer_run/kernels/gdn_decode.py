@@ -90,8 +90,15 @@ def _conv_one_token(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, C, b, cb,
             tl.store(window + (i - 1) * C + cols, row.to(x.dtype), mask=ok)
     acc += x.to(tl.float32) * last_tap
     tl.store(window + (KM1 - 1) * C + cols, x, mask=ok)
+    _store_silu(out_ptr, b * C + cols, acc, ok)
+
+
+@triton.jit
+def _store_silu(out_ptr, offsets, acc, ok):
+    """A conv row's float32 sums out as torch rounds them: the conv's output to the input dtype, then SiLU in
+    float and rounded again."""
     conv = acc.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne").to(tl.float32)
-    tl.store(out_ptr + b * C + cols, (conv * tl.sigmoid(conv)).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+    tl.store(out_ptr + offsets, (conv * tl.sigmoid(conv)).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
              mask=ok)
 
 
@@ -111,10 +118,7 @@ def _conv_columns(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C
             acc += row.to(tl.float32) * tl.load(weight_ptr + cols * (KM1 + 1) + i, mask=ok, other=0.0).to(tl.float32)
             if KEEP and i > 0:  # the window after token j: positions j + 1 .. j + K - 1
                 tl.store(keep_ptr + ((slot * KEEP_STEPS + j) * KM1 + i - 1) * C + cols, row, mask=ok)
-        # as torch: the conv's output rounded to the input dtype, then SiLU in float and rounded again
-        conv = acc.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne").to(tl.float32)
-        tl.store(out_ptr + (b * T + j) * C + cols,
-                 (conv * tl.sigmoid(conv)).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=ok)
+        _store_silu(out_ptr, (b * T + j) * C + cols, acc, ok)
     # the window after the last token: positions T .. T + K - 2; row i is read (at T + i > i) before
     # it is written, ascending
     for i in tl.static_range(KM1):

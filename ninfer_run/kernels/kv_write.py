@@ -18,7 +18,7 @@ import triton.language as tl
 from ..kv.pool import BlockPool
 from ..kv.quant import GROUP
 from .common import launch_dependents, programmatic, wait_for_inputs
-from .norms import normed_row, row_warps
+from .norms import norm_row, normed_row, row_warps
 
 # Whether a captured step's attention layers norm and rope q/k in the KV write's launch (norm_rope_write_slots;
 # read at each call: bench.py --ab-norm-rope-write flips it). H100, stop 42, one machine: the step's graph C = 1
@@ -80,9 +80,8 @@ def _norm_rope_write_kernel(q_ptr, k_ptr, v_ptr, wq_ptr, wk_ptr, yq_ptr, cos_ptr
     wait_for_inputs(PDL)
     row = tl.program_id(0)
     if row < Q_ROWS:
-        y = normed_row(q_ptr, wq_ptr, q_ptr, yq_ptr, q_ptr, yq_ptr, cos_ptr, sin_ptr, row, D, Q_STRIDE, eps, offset,
-                       Q_HEADS, RD, D, OFFSET, False, True, False, True)
-        tl.store(yq_ptr + row * D + tl.arange(0, D), y.to(yq_ptr.dtype.element_ty, fp_downcast_rounding="rtne"))
+        norm_row(q_ptr, wq_ptr, q_ptr, yq_ptr, q_ptr, yq_ptr, cos_ptr, sin_ptr, row, D, Q_STRIDE, eps, offset, Q_HEADS,
+                 RD, D, OFFSET, False, True, False, True)
     else:
         r = (row - Q_ROWS) % K_ROWS  # the [T, H] row of k or v
         h = r % H

@@ -38,7 +38,7 @@ def _weighted(normed, w_ptr, d, ok, offset, dtype: tl.constexpr, OFFSET: tl.cons
 
 
 @triton.jit
-def _norm_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, row, D, X_STRIDE, eps, offset, HEADS, RD,
+def norm_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, row, D, X_STRIDE, eps, offset, HEADS, RD,
               BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
               RESIDUAL: tl.constexpr, ROPE: tl.constexpr):
     """Row `row` of x (X_STRIDE apart; the other tensors' rows D apart): normed, as the flags say, into y."""
@@ -52,7 +52,7 @@ def _norm_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, row, D
 def normed_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, row, D, X_STRIDE, eps, offset, HEADS, RD,
                BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
                RESIDUAL: tl.constexpr, ROPE: tl.constexpr):
-    """_norm_row's values [BLOCK] in float32, not stored (y_ptr gives their dtype; with RESIDUAL the sum is
+    """norm_row's values [BLOCK] in float32, not stored (y_ptr gives their dtype; with RESIDUAL the sum is
     stored to s_ptr)."""
     d = tl.arange(0, BLOCK)
     ok = d < D
@@ -87,7 +87,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr,
                      RESIDUAL: tl.constexpr, ROPE: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     launch_dependents(EARLY)  # the GEMV after the norm streams its weights meanwhile
     wait_for_inputs(PDL)
-    _norm_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, tl.program_id(0), D, X_STRIDE, eps, offset,
+    norm_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, tl.program_id(0), D, X_STRIDE, eps, offset,
               HEADS, RD, BLOCK, OFFSET, GATED, IN_DTYPE, RESIDUAL, ROPE)
 
 
@@ -121,10 +121,10 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, yq_ptr, yk_ptr, cos_ptr, 
     wait_for_inputs(PDL)
     row = tl.program_id(0)
     if row < Q_ROWS:
-        _norm_row(q_ptr, wq_ptr, q_ptr, yq_ptr, q_ptr, yq_ptr, cos_ptr, sin_ptr, row, D, Q_STRIDE, eps, offset, Q_HEADS,
+        norm_row(q_ptr, wq_ptr, q_ptr, yq_ptr, q_ptr, yq_ptr, cos_ptr, sin_ptr, row, D, Q_STRIDE, eps, offset, Q_HEADS,
                   RD, BLOCK, OFFSET, False, IN_DTYPE, False, True)
     else:
-        _norm_row(k_ptr, wk_ptr, k_ptr, yk_ptr, k_ptr, yk_ptr, cos_ptr, sin_ptr, row - Q_ROWS, D, K_STRIDE, eps, offset,
+        norm_row(k_ptr, wk_ptr, k_ptr, yk_ptr, k_ptr, yk_ptr, cos_ptr, sin_ptr, row - Q_ROWS, D, K_STRIDE, eps, offset,
                   K_HEADS, RD, BLOCK, OFFSET, False, IN_DTYPE, False, True)
 
 
