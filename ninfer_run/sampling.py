@@ -9,7 +9,7 @@ distributed exactly as p (tests/run/test_sampling.py checks it statistically). G
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -24,6 +24,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def distribution(self) -> SamplingParams:
+        """These params without their seed: what rows drawn together must share (the seed only seeds a row's
+        own generator; grouping by the whole params drew a batch of seeded agents row by row, stop 43)."""
+        return replace(self, seed=None)
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -134,13 +140,14 @@ def next_token_ids(logits: torch.Tensor, params: list[SamplingParams],
                    generators: list[torch.Generator | None]) -> torch.Tensor:
     """next_token of each row of logits [B, V], left where the logits are ([B]), so an overlapped step can
     feed them to the next: the greedy rows' argmaxes in one launch, the sampled rows of each sampling
-    setting drawn together (a batch of one client's agents shares one: then straight from the logits, with no
-    argmax, row index, gather or scatter)."""
-    if not params[0].greedy and all(p == params[0] for p in params):
-        return draw_sampled(logits, params[0], generators)
+    setting drawn together, seeds apart (a batch of one client's agents shares one: then straight from the
+    logits, with no argmax, row index, gather or scatter)."""
+    settings = [p.distribution for p in params]
+    if not settings[0].greedy and all(s == settings[0] for s in settings):
+        return draw_sampled(logits, settings[0], generators)
     ids = logits.argmax(-1)
-    for setting in dict.fromkeys(p for p in params if not p.greedy):
-        rows = [b for b, p in enumerate(params) if p == setting]
+    for setting in dict.fromkeys(s for s in settings if not s.greedy):
+        rows = [b for b, s in enumerate(settings) if s == setting]
         index = _to(logits.device, rows, torch.long)
         ids.index_copy_(0, index, draw_sampled(logits.index_select(0, index), setting, [generators[b] for b in rows]))
     return ids

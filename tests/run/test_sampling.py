@@ -38,6 +38,24 @@ def test_next_tokens_of_a_batch_are_each_rows_next_token():
         next_token(logits[b], top_k, torch.Generator().manual_seed(b)) for b in range(7)]
 
 
+def test_seeded_rows_of_one_setting_are_drawn_together(monkeypatch):
+    """Rows that differ only in their seeds (each seeds its own generator) are one draw, not one a row (stop 42:
+    a seeded C = 8 batch cost 1.8 ms a step more than greedy), and each row still gets its own seed's token;
+    rows of another setting beside them are a second draw."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
+    setting = SamplingParams(temperature=0.8, top_p=0.9, top_k=10)
+    other = SamplingParams(temperature=1.2)
+    params = [SamplingParams(**{**setting.__dict__, "seed": 100 + b}) for b in range(4)] + [other, other]
+    draws, real = [], sampling.draw_sampled
+    monkeypatch.setattr(sampling, "draw_sampled", lambda logits, params, gens: draws.append(params) or real(logits, params, gens))
+    for batch, drawn in ((params[:4], [setting]), (params, [setting, other])):
+        rows = [next_token(logits[b], p, torch.Generator().manual_seed(p.seed or 7)) for b, p in enumerate(batch)]
+        draws.clear()
+        gens = [torch.Generator().manual_seed(p.seed or 7) for p in batch]
+        assert next_tokens(logits[: len(batch)], batch, gens) == rows
+        assert draws == drawn
+
+
 @pytest.mark.parametrize("params", [SamplingParams(0.6, 0.95, 20), SamplingParams(1.0, 1.0, 5), SamplingParams(0.7, 0.5, 50),
                                     SamplingParams(1.3, 0.9, 3000)])
 def test_top_k_draws_are_the_full_distributions_draws(params):
