@@ -28,9 +28,8 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     (cuda_ops.FUSED_GLU flipped); with --ab-triton-pdl, with the step's Triton kernels launched as
     programmatic dependents of the kernel ahead and as plain launches (kernels.common.TRITON_PDL flipped);
     with --ab-conv-gates, with a GDN layer's conv and gates in one launch and in two
-    (kernels.gdn_decode.CONV_GATES); with --ab-early-state, with the GDN recurrence's states and the conv's
-    windows loaded before their wait for the kernel ahead and after (kernels.gdn_decode.EARLY_STATE); with --ab-norm-rope-write, with an
-    attention layer's q/k norm and RoPE in the KV write's launch and apart (kernels.kv_write.NORM_ROPE_WRITE);
+    (kernels.gdn_decode.CONV_GATES); with --ab-norm-rope-write, with an attention layer's q/k norm and RoPE
+    in the KV write's launch and apart (kernels.kv_write.NORM_ROPE_WRITE);
     with --ab-overlap, with the host reading a step's tokens while the next
     step runs and after it (OVERLAP_STEPS); with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone
     streamed through NAME (cuda_ops.MLP_PIPELINE); with
@@ -468,9 +467,6 @@ TOGGLES = (
      "the step's Triton kernels launched as programmatic dependents and not (NINFER_TRITON_PDL)"),
     ("--ab-conv-gates", "conv gates", gdn_decode, "CONV_GATES",
      "a GDN layer's conv and gates in one launch and apart (NINFER_GDN_CONV_GATES)"),
-    ("--ab-early-state", "early state", gdn_decode, "EARLY_STATE",
-     "the GDN states (recurrent states, conv windows) loaded before the wait for the kernel ahead and after "
-     "(NINFER_GDN_EARLY_STATE)"),
     ("--ab-norm-rope-write", "norm rope write", kv_write, "NORM_ROPE_WRITE",
      "an attention layer's q/k norm and RoPE in its KV write's launch and apart (NINFER_NORM_ROPE_WRITE)"),
     ("--ab-overlap", "overlap", sys.modules[__name__], "OVERLAP_STEPS",

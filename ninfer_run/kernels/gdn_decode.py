@@ -32,9 +32,6 @@ from .gdn_gates import PROJECTED_WARPS, projected_gate
 CONV_BLOCK = 256  # channels a conv program takes
 # Whether a decode step's GDN layers take conv_gates_step (read at each call: bench.py --ab-conv-gates flips it)
 CONV_GATES = os.environ.get("NINFER_GDN_CONV_GATES", "1") == "1"
-# Whether the recurrence and a one-token conv load their states (conv windows, recurrent states) before they wait
-# for the kernel ahead (recurrent_step, conv_step, conv_gates_step; read at each call: bench.py --ab-early-state)
-EARLY_STATE = os.environ.get("NINFER_GDN_EARLY_STATE", "0") == "1"
 
 
 @triton.jit
@@ -47,59 +44,11 @@ def _padded_row(window, x, p, C, cols, ok, KM1: tl.constexpr):
 
 @triton.jit
 def _conv_step_kernel(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS,
-                      KM1: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr, EARLY_STATE: tl.constexpr,
-                      PDL: tl.constexpr):
+                      KM1: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     launch_dependents(PDL)
-    _conv_program(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS, tl.program_id(0),
-                  tl.program_id(1), KM1, KEEP, BLOCK, EARLY_STATE, PDL)
-
-
-@triton.jit
-def _conv_program(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS, b, cb,
-                  KM1: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr, EARLY_STATE: tl.constexpr,
-                  PDL: tl.constexpr):
-    """A conv program: _conv_one_token (EARLY_STATE: one token, nothing kept) or the wait, then _conv_columns."""
-    if EARLY_STATE:
-        _conv_one_token(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, C, b, cb, KM1, BLOCK, PDL)
-    else:
-        wait_for_inputs(PDL)
-        _conv_columns(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS, b, cb, KM1, KEEP,
-                      BLOCK)
-
-
-@triton.jit
-def _conv_one_token(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, C, b, cb, KM1: tl.constexpr,
-                    BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """_conv_columns for one token and no kept windows, its slot, window rows and weights loaded before the
-    wait for the kernel ahead (EARLY_STATE: written before the step began) and its sums in the same order."""
-    cols = cb * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < C
-    r = tl.arange(0, triton.next_power_of_2(KM1))[:, None]  # a window row (and its tap) per row of the tiles
-    held_ok = (r < KM1) & ok[None, :]
-    window = window_ptr + tl.load(slots_ptr + b) * KM1 * C
-    held = tl.load(window + r * C + cols[None, :], mask=held_ok, other=0.0)
-    taps = tl.load(weight_ptr + cols[None, :] * (KM1 + 1) + r, mask=held_ok, other=0.0).to(tl.float32)
-    last_tap = tl.load(weight_ptr + cols * (KM1 + 1) + KM1, mask=ok, other=0.0).to(tl.float32)
     wait_for_inputs(PDL)
-    x = tl.load(x_ptr + b * C + cols, mask=ok, other=0.0)
-    acc = tl.zeros((BLOCK,), tl.float32)
-    for i in tl.static_range(KM1):
-        row = tl.sum(tl.where(r == i, held.to(tl.float32), 0.0), 0)  # held's row i (exact: one term)
-        acc += row * tl.sum(tl.where(r == i, taps, 0.0), 0)
-        if i > 0:  # the window advanced by one row: every row is in registers already
-            tl.store(window + (i - 1) * C + cols, row.to(x.dtype), mask=ok)
-    acc += x.to(tl.float32) * last_tap
-    tl.store(window + (KM1 - 1) * C + cols, x, mask=ok)
-    _store_silu(out_ptr, b * C + cols, acc, ok)
-
-
-@triton.jit
-def _store_silu(out_ptr, offsets, acc, ok):
-    """A conv row's float32 sums out as torch rounds them: the conv's output to the input dtype, then SiLU in
-    float and rounded again."""
-    conv = acc.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne").to(tl.float32)
-    tl.store(out_ptr + offsets, (conv * tl.sigmoid(conv)).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
-             mask=ok)
+    _conv_columns(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS, tl.program_id(0),
+                  tl.program_id(1), KM1, KEEP, BLOCK)
 
 
 @triton.jit
@@ -118,7 +67,10 @@ def _conv_columns(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C
             acc += row.to(tl.float32) * tl.load(weight_ptr + cols * (KM1 + 1) + i, mask=ok, other=0.0).to(tl.float32)
             if KEEP and i > 0:  # the window after token j: positions j + 1 .. j + K - 1
                 tl.store(keep_ptr + ((slot * KEEP_STEPS + j) * KM1 + i - 1) * C + cols, row, mask=ok)
-        _store_silu(out_ptr, (b * T + j) * C + cols, acc, ok)
+        # as torch: the conv's output rounded to the input dtype, then SiLU in float and rounded again
+        conv = acc.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne").to(tl.float32)
+        tl.store(out_ptr + (b * T + j) * C + cols,
+                 (conv * tl.sigmoid(conv)).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=ok)
     # the window after the last token: positions T .. T + K - 2; row i is read (at T + i > i) before
     # it is written, ascending
     for i in tl.static_range(KM1):
@@ -129,38 +81,32 @@ def _conv_columns(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C
 def _conv_gates_kernel(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS,
                        h_ptr, w_ab_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, K, H, CONV_BLOCKS,
                        KM1: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-                       EARLY_STATE: tl.constexpr, PDL: tl.constexpr):
+                       PDL: tl.constexpr):
     """_conv_step_kernel's programs, then projected_gate's: sequence b's programs past CONV_BLOCKS take
     its T rows' H gates each."""
     launch_dependents(PDL)
     b, j = tl.program_id(0), tl.program_id(1)
     if j < CONV_BLOCKS:
-        _conv_program(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS, b, j, KM1, KEEP,
-                      BLOCK, EARLY_STATE, PDL)
+        wait_for_inputs(PDL)
+        _conv_columns(x_ptr, window_ptr, weight_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS, b, j, KM1, KEEP,
+                      BLOCK)
     else:
         gate = j - CONV_BLOCKS
         projected_gate(h_ptr, w_ab_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, K, H, gate % H, b * T + gate // H, BLOCK_K,
                        PDL)
 
 
-def _early_conv(tokens: int, keep: torch.Tensor | None) -> bool:
-    """Whether a conv launch loads its windows before its wait (EARLY_STATE; a decode step's: one token, none kept)."""
-    return EARLY_STATE and tokens == 1 and keep is None
-
-
 def conv_step(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor, tokens: int = 1,
               keep: torch.Tensor | None = None) -> torch.Tensor:
     """x [B * tokens, C] (sequence-major rows), windows [slots, K-1, C] (advanced in place), depthwise
     weight [C, 1, K] in x's dtype, slots [B]; keep [slots, steps >= tokens, K-1, C]: gets the window
-    after each token -> silu(conv) [B * tokens, C] in x's dtype. With EARLY_STATE a one-token launch reads
-    `slots` and `windows` before its wait for the kernel ahead: as recurrent_step's states, no kernel of
-    the step ahead of it may write them."""
+    after each token -> silu(conv) [B * tokens, C] in x's dtype."""
     rows, c = x.shape
     out = torch.empty_like(x)
     _conv_step_kernel[(rows // tokens, triton.cdiv(c, CONV_BLOCK))](
         x.contiguous(), windows, weight.contiguous(), slots, out, keep if keep is not None else windows, c, tokens,
         keep.shape[1] if keep is not None else 0, KM1=windows.shape[1], KEEP=keep is not None, BLOCK=CONV_BLOCK,
-        EARLY_STATE=_early_conv(tokens, keep), **programmatic(x.device))
+        **programmatic(x.device))
     return out
 
 
@@ -185,18 +131,16 @@ def conv_gates_step(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor
         x.contiguous(), windows, weight.contiguous(), slots, out, keep if keep is not None else windows, c, tokens,
         keep.shape[1] if keep is not None else 0, h.contiguous(), w_ab.contiguous(), a_log.contiguous(),
         dt_bias.contiguous(), g, beta, k, heads, conv_blocks, KM1=windows.shape[1], KEEP=keep is not None,
-        BLOCK=block, BLOCK_K=triton.next_power_of_2(k), EARLY_STATE=_early_conv(tokens, keep), num_warps=PROJECTED_WARPS,
-        **programmatic(x.device))
+        BLOCK=block, BLOCK_K=triton.next_power_of_2(k), num_warps=PROJECTED_WARPS, **programmatic(x.device))
     return out, g, beta
 
 
 @triton.jit
 def _recurrent_step_kernel(conv_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr, keep_ptr, C, T, KEEP_STEPS,
                            HK, HV, scale, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, KEEP: tl.constexpr,
-                           EARLY_STATE: tl.constexpr, PDL: tl.constexpr):
+                           PDL: tl.constexpr):
     launch_dependents(PDL)
-    if not EARLY_STATE:
-        wait_for_inputs(PDL)
+    wait_for_inputs(PDL)
     b, h, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kh = h // (HV // HK)  # the value head's key head (transformers' repeat_interleave)
     dk = tl.arange(0, DK)
@@ -205,8 +149,6 @@ def _recurrent_step_kernel(conv_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_
     tile = (h * DK + dk[:, None]) * DV + dv[None, :]  # within one [Hv, Dk, Dv] state
     s_ptrs = state_ptr + slot * HV * DK * DV + tile
     s = tl.load(s_ptrs)
-    if EARLY_STATE:  # (the slots and states were written before the step's first kernel: recurrent_step)
-        wait_for_inputs(PDL)
     for j in range(T):
         row = conv_ptr + (b * T + j) * C
         q = tl.load(row + kh * DK + dk).to(tl.float32)
@@ -238,13 +180,7 @@ def recurrent_step(conv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, stat
     keep [slots, steps >= tokens, Hv, Dk, Dv]: gets the state after each token -> out [B * tokens, Hv, Dv]
     in conv's dtype. A program takes `value_block` of a head's Dv columns (with all its Dk rows);
     `launch_options`: Triton's (num_warps, ...). Both default to the batch's (SMALL_BATCH_LAUNCH or
-    LAUNCH); tools/bench_kernels.py --gdn-sweep tries the others.
-
-    With EARLY_STATE, a program loads its slot and its state before it waits for the kernel ahead (PDL): it
-    may then start while earlier kernels of the step still run, so no kernel of the step ahead of it may
-    write `slots` or `states` - true of a static step, whose slots are copied in and whose states are
-    written only by this layer's recurrence, a step earlier (every step starts after the one before ends:
-    its first kernel is no programmatic dependent)."""
+    LAUNCH); tools/bench_kernels.py --gdn-sweep tries the others."""
     rows = conv.shape[0]
     _, hv, dk, dv = states.shape
     out = torch.empty(rows, hv, dv, dtype=conv.dtype, device=conv.device)
@@ -254,6 +190,6 @@ def recurrent_step(conv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, stat
     _recurrent_step_kernel[(rows // tokens, hv, dv // bv)](
         conv.contiguous(), g.float().contiguous(), beta.float().contiguous(), states, slots, out,
         keep if keep is not None else states, conv.shape[1], tokens, keep.shape[1] if keep is not None else 0,
-        key_heads, hv, dk**-0.5, DK=dk, DV=dv, BV=bv, KEEP=keep is not None, EARLY_STATE=EARLY_STATE,
-        **launch_options, **programmatic(conv.device))
+        key_heads, hv, dk**-0.5, DK=dk, DV=dv, BV=bv, KEEP=keep is not None, **launch_options,
+        **programmatic(conv.device))
     return out

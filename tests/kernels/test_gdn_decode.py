@@ -135,35 +135,3 @@ def test_conv_gates_step_is_conv_step_and_projected_gates(slots, tokens):
     with pytest.raises(ValueError, match="at most 16 rows"):
         gdn_decode.conv_gates_step(x.repeat(17, 1), windows, weight, index.repeat(17), h.repeat(17, 1), w_ab, a_log,
                                    dt_bias, tokens)
-
-
-@pytest.mark.parametrize("gates", [False, True])
-def test_early_state_loads_give_the_same_step(monkeypatch, gates):
-    """EARLY_STATE (a decode step's conv windows and recurrent states read before the wait for the kernel ahead:
-    the one-token conv's own code path) gives the conv rows, windows, gates and states of the usual order, bit for
-    bit; a verify's launch (tokens kept) takes the usual path either way."""
-    gen = torch.Generator().manual_seed(50 + gates)
-    c, n, k = 2 * HK * D + HV * D, 6, 320
-    x = torch.randn(3, c, generator=gen).to(DEVICE, DTYPE)
-    windows = torch.randn(n, KERNEL - 1, c, generator=gen).to(DEVICE, DTYPE)
-    weight = (torch.randn(c, 1, KERNEL, generator=gen) * 0.5).to(DEVICE, DTYPE)
-    states = (torch.randn(n, HV, D, D, generator=gen) * 0.1).to(DEVICE)
-    h = torch.randn(3, k, generator=gen).to(DEVICE, DTYPE)
-    w_ab = (torch.randn(2 * HV, k, generator=gen) * 2.4 / k**0.5).to(DEVICE, DTYPE)
-    a_log = (torch.rand(HV, generator=gen) * 2.7).to(DEVICE, DTYPE)
-    dt_bias = (torch.randn(HV, generator=gen) + 18).to(DEVICE, DTYPE)
-    g = (-F.softplus(torch.randn(3, HV, generator=gen)) * 0.5).to(DEVICE)
-    beta = torch.randn(3, HV, generator=gen).sigmoid().to(DEVICE)
-    index = torch.tensor([4, 0, 2], device=DEVICE)
-
-    def step(early: bool):
-        monkeypatch.setattr(gdn_decode, "EARLY_STATE", early)
-        w, s = windows.clone(), states.clone()
-        if gates:
-            conv, gg, bb = gdn_decode.conv_gates_step(x, w, weight, index, h, w_ab, a_log, dt_bias)
-        else:
-            conv, gg, bb = gdn_decode.conv_step(x, w, weight, index), g, beta
-        return conv, gg, bb, w, s, gdn_decode.recurrent_step(conv, gg, bb, s, index, HK)
-
-    for got, want in zip(step(True), step(False)):
-        assert torch.equal(got, want)

@@ -149,22 +149,11 @@ def _gdn_step():
                                torch.zeros(2, 2, 3, c, dtype=torch.bfloat16))
     gdn_decode.recurrent_step(two, torch.randn(2, hv), torch.rand(2, hv), torch.zeros(2, hv, d, d), slots, hk, 2,
                               torch.zeros(2, 2, hv, d, d))
-    # the conv and the gates in one launch, at the 27B's in_proj_a/b width; then with the states read before the
-    # waits (EARLY_STATE: the one-token conv's own code), the conv alone too
-    for early in (False, True):
-        gdn_decode.EARLY_STATE = early
-        try:
-            conv = gdn_decode.conv_gates_step(torch.randn(1, c, dtype=torch.bfloat16),
-                                              torch.zeros(2, 3, c, dtype=torch.bfloat16),
-                                              torch.randn(c, 1, 4, dtype=torch.bfloat16), slots,
-                                              torch.randn(1, 5120, dtype=torch.bfloat16),
-                                              torch.randn(2 * hv, 5120, dtype=torch.bfloat16), torch.randn(hv),
-                                              torch.randn(hv))[0]
-            gdn_decode.conv_step(conv, torch.zeros(2, 3, c, dtype=torch.bfloat16),
-                                 torch.randn(c, 1, 4, dtype=torch.bfloat16), slots)
-            gdn_decode.recurrent_step(conv, g, beta, torch.zeros(2, hv, d, d), slots, hk)
-        finally:
-            gdn_decode.EARLY_STATE = False
+    # the conv and the gates in one launch, at the 27B's in_proj_a/b width
+    gdn_decode.conv_gates_step(torch.randn(1, c, dtype=torch.bfloat16), torch.zeros(2, 3, c, dtype=torch.bfloat16),
+                               torch.randn(c, 1, 4, dtype=torch.bfloat16), slots,
+                               torch.randn(1, 5120, dtype=torch.bfloat16), torch.randn(2 * hv, 5120, dtype=torch.bfloat16),
+                               torch.randn(hv), torch.randn(hv))
 
 
 def _kv():

@@ -40,14 +40,12 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-@pytest.fixture(params=["gathered", "in_place", "in_place_conv_gates", "in_place_norm_rope_apart",
-                        "in_place_early_state"])
+@pytest.fixture(params=["gathered", "in_place", "in_place_conv_gates", "in_place_norm_rope_apart"])
 def gdn_path(request, monkeypatch):
     """The static step's GDN layers as the CPU runs them (gather, torch step, scatter) or as the GPU
     does (kernels/gdn_decode.py in place on the slab; with the gates in the conv's launch too), the latter in
     Triton's interpreter; "in_place_norm_rope_apart": the attention layers' q/k norm and RoPE apart from the KV
-    write's launch (kernels/kv_write.py), the other in-place modes have them in it (the default);
-    "in_place_early_state": the GDN states read before the kernels' waits (gdn_decode.EARLY_STATE)."""
+    write's launch (kernels/kv_write.py), the other in-place modes have them in it (the default)."""
     if request.param.startswith("in_place"):
         if torch.cuda.is_available():
             pytest.skip("`pytest -m gpu` runs the in-place kernels compiled (tests below)")
@@ -59,7 +57,6 @@ def gdn_path(request, monkeypatch):
         from ninfer_run.kernels import kv_write
 
         monkeypatch.setattr(kv_write, "NORM_ROPE_WRITE", request.param != "in_place_norm_rope_apart")
-        monkeypatch.setattr(gdn_decode, "EARLY_STATE", request.param == "in_place_early_state")
     return request.param
 
 
