@@ -39,8 +39,8 @@ def _weighted(normed, w_ptr, d, ok, offset, dtype: tl.constexpr, OFFSET: tl.cons
 
 @triton.jit
 def norm_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, row, D, X_STRIDE, eps, offset, HEADS, RD,
-              BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
-              RESIDUAL: tl.constexpr, ROPE: tl.constexpr):
+             BLOCK: tl.constexpr, OFFSET: tl.constexpr, GATED: tl.constexpr, IN_DTYPE: tl.constexpr,
+             RESIDUAL: tl.constexpr, ROPE: tl.constexpr):
     """Row `row` of x (X_STRIDE apart; the other tensors' rows D apart): normed, as the flags say, into y."""
     d = tl.arange(0, BLOCK)
     y = normed_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, row, D, X_STRIDE, eps, offset, HEADS, RD,
@@ -88,7 +88,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr,
     launch_dependents(EARLY)  # the GEMV after the norm streams its weights meanwhile
     wait_for_inputs(PDL)
     norm_row(x_ptr, w_ptr, g_ptr, y_ptr, h_ptr, s_ptr, cos_ptr, sin_ptr, tl.program_id(0), D, X_STRIDE, eps, offset,
-              HEADS, RD, BLOCK, OFFSET, GATED, IN_DTYPE, RESIDUAL, ROPE)
+             HEADS, RD, BLOCK, OFFSET, GATED, IN_DTYPE, RESIDUAL, ROPE)
 
 
 @triton.jit(do_not_specialize=["R"])
@@ -122,10 +122,10 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, yq_ptr, yk_ptr, cos_ptr, 
     row = tl.program_id(0)
     if row < Q_ROWS:
         norm_row(q_ptr, wq_ptr, q_ptr, yq_ptr, q_ptr, yq_ptr, cos_ptr, sin_ptr, row, D, Q_STRIDE, eps, offset, Q_HEADS,
-                  RD, BLOCK, OFFSET, False, IN_DTYPE, False, True)
+                 RD, BLOCK, OFFSET, False, IN_DTYPE, False, True)
     else:
         norm_row(k_ptr, wk_ptr, k_ptr, yk_ptr, k_ptr, yk_ptr, cos_ptr, sin_ptr, row - Q_ROWS, D, K_STRIDE, eps, offset,
-                  K_HEADS, RD, BLOCK, OFFSET, False, IN_DTYPE, False, True)
+                 K_HEADS, RD, BLOCK, OFFSET, False, IN_DTYPE, False, True)
 
 
 def row_warps(d: int) -> int:

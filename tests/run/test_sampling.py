@@ -1,5 +1,6 @@
 """Sampling and speculative rejection sampling keep the target distribution (statistical tests)."""
 
+import dataclasses
 
 import pytest
 import torch
@@ -45,7 +46,7 @@ def test_seeded_rows_of_one_setting_are_drawn_together(monkeypatch):
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
     setting = SamplingParams(temperature=0.8, top_p=0.9, top_k=10)
     other = SamplingParams(temperature=1.2)
-    params = [SamplingParams(**{**setting.__dict__, "seed": 100 + b}) for b in range(4)] + [other, other]
+    params = [dataclasses.replace(setting, seed=100 + b) for b in range(4)] + [other, other]
     draws, real = [], sampling.draw_sampled
     monkeypatch.setattr(sampling, "draw_sampled", lambda logits, params, gens: draws.append(params) or real(logits, params, gens))
     for batch, drawn in ((params[:4], [setting]), (params, [setting, other])):
