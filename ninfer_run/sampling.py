@@ -9,9 +9,14 @@ distributed exactly as p (tests/run/test_sampling.py checks it statistically). G
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import torch
+
+# Whether a CUDA top-k draw runs as one kernel after the vocabulary's top-k (kernels/sample_draw.py) or as
+# this module's torch ops. Read at each call (tools/bench.py --ab-fused-draw flips it).
+FUSED_DRAW = os.environ.get("NINFER_FUSED_DRAW", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,16 @@ def sampled_probs(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.T
 def draw_sampled(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]) -> torch.Tensor:
     """draw(probs(logits, params), generators) for rows [n, V] with one non-greedy setting, from sampled_probs:
     for a seed the same token either way (the CDF runs in token order over the candidates, as over the
-    vocabulary)."""
+    vocabulary). On CUDA a top-k setting's draw after the vocabulary's top-k is one kernel
+    (kernels/sample_draw.py; this torch path is its reference)."""
+    candidates = min(params.top_k + TOP_K_TIES, logits.shape[-1])
+    if params.top_k and logits.is_cuda and FUSED_DRAW:
+        from .kernels import sample_draw
+
+        if sample_draw.fits(candidates):
+            values, index = torch.topk(logits, candidates, dim=-1)
+            return sample_draw.draw(values.float(), index, _uniforms(logits.device, generators), params.temperature,
+                                    min(params.top_k, candidates), params.top_p)
     tokens, p = sampled_probs(logits, params)
     picked = draw(p, generators)
     return picked if tokens is None else tokens.gather(-1, picked[:, None]).squeeze(1)

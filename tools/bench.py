@@ -25,14 +25,16 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     decode captures its own graphs); with --ab-fused-norm, likewise with the one-row layer norms staged
     by the GEMV after them and with a norm kernel of their own (cuda_ops.FUSED_NORM flipped); with
     --ab-fused-glu, with SwiGLU's SiLU-mul written by gate and up's launch and by a kernel of its own
-    (cuda_ops.FUSED_GLU flipped); with --ab-triton-pdl, with the step's Triton kernels launched as
+    (cuda_ops.FUSED_GLU flipped); with --ab-fused-draw, the sampled decode with the draw after the top-k as
+    one kernel and as torch's ops (sampling.FUSED_DRAW flipped); with --ab-triton-pdl, with the step's Triton kernels launched as
     programmatic dependents of the kernel ahead and as plain launches (kernels.common.TRITON_PDL flipped);
     with --ab-conv-gates, with a GDN layer's conv and gates in one launch and in two
     (kernels.gdn_decode.CONV_GATES); with --ab-norm-rope-write, with an attention layer's q/k norm and RoPE
     in the KV write's launch and apart (kernels.kv_write.NORM_ROPE_WRITE);
     with --ab-overlap, with the host reading a step's tokens while the next
     step runs and after it (OVERLAP_STEPS); with --ab-mlp-pipeline NAME, with the MLP's GEMVs alone
-    streamed through NAME (cuda_ops.MLP_PIPELINE); with
+    streamed through NAME (cuda_ops.MLP_PIPELINE); with --ab-int4-pipeline NAME, an int4 profile's tiled
+    GEMVs through NAME (cuda_ops.INT4_PIPELINE); with
     --ab-prefill-attention MODE, each prefill (the longest with its next turns) in the default long-chunk
     attention and in MODE, back to back (prefill_modes); with
     --anatomy, each concurrency's step with the GDN layers' chain of small kernels left out, the attention
@@ -67,6 +69,7 @@ from ninfer_format.rules import expand  # noqa: E402
 from ninfer_pack.quant import quantize_tensor  # noqa: E402
 from ninfer_registry import load as registry_entry  # noqa: E402
 from ninfer_registry import scheme_classes  # noqa: E402
+from ninfer_run import sampling  # noqa: E402
 from ninfer_run.engine import EngineConfig, Request, build_engine  # noqa: E402
 from ninfer_run.kernels import common as kernel_common  # noqa: E402
 from ninfer_run.kernels import cuda_ops, gated_delta, gdn_decode, kv_write, prefill_modes  # noqa: E402
@@ -471,7 +474,10 @@ TOGGLES = (
      "an attention layer's q/k norm and RoPE in its KV write's launch and apart (NINFER_NORM_ROPE_WRITE)"),
     ("--ab-overlap", "overlap", sys.modules[__name__], "OVERLAP_STEPS",
      "the host reading a step's tokens while the next step runs and after it (EngineConfig.overlap_steps)"),
+    ("--ab-fused-draw", "fused draw", sampling, "FUSED_DRAW",
+     "sampled steps drawn by one kernel after the top-k and by torch's ops (NINFER_FUSED_DRAW)"),
 )
+SAMPLED_TOGGLES = {"FUSED_DRAW"}  # the toggles whose A/B decodes sampled (SAMPLED), not greedy
 
 
 # --anatomy: the decode step's graph with a layer kind's chain of small kernels left out (their outputs left
@@ -569,8 +575,10 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
                   f"accept {row['acceptance']}", flush=True)
     # each concurrency with cuda_ops' setting as it is and flipped, back to back (adjacent runs: the
     # machine's drift over the run stays out of the A/B)
-    flips = [("pipeline", cuda_ops, "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []
+    flips = [("pipeline", cuda_ops, "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []  # (greedy)
     flips += [("mlp pipeline", cuda_ops, "MLP_PIPELINE", args.ab_mlp_pipeline)] if args.ab_mlp_pipeline else []
+    if args.ab_int4_pipeline and profile.startswith("int4"):
+        flips += [("int4 pipeline", cuda_ops, "INT4_PIPELINE", args.ab_int4_pipeline)]
     flips += [(label, module, name, not getattr(module, name)) for option, label, module, name, _ in TOGGLES
               if getattr(args, option.removeprefix("--").replace("-", "_"))]
     for label, module, name, other in flips:
@@ -579,7 +587,8 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
             for c in args.concurrency:
                 for value in (default, other):
                     setattr(module, name, value)
-                    row = decode(model, c, args.new_tokens, 512) | {"variant": f"{label} {value}"}
+                    params = SAMPLED if name in SAMPLED_TOGGLES else GREEDY
+                    row = decode(model, c, args.new_tokens, 512, params=params) | {"variant": f"{label} {value}"}
                     p["decode"].append(row)
                     save()
                     print(f"[{profile}] decode C={c} ({label} {value}): {row['tok_s']:.1f} tok/s{_step_split(row)}",
@@ -618,6 +627,9 @@ def main() -> None:
     parser.add_argument("--no-mtp", action="store_true", help="skip the speculative (MTP) figures")
     parser.add_argument("--ab-pipeline", choices=cuda_ops.PIPELINE_NAMES, default=None,
                         help="also decode each concurrency with the NVFP4 GEMV's weights streamed this way (an A/B)")
+    parser.add_argument("--ab-int4-pipeline", choices=cuda_ops.INT4_PIPELINES, default=None,
+                        help="also decode each concurrency (int4 profiles) with the tiled int4 GEMVs streamed this "
+                             "way (an A/B; cuda_ops.INT4_PIPELINE)")
     parser.add_argument("--ab-mlp-pipeline", choices=cuda_ops.PIPELINE_NAMES, default=None,
                         help="also decode each concurrency with the MLP's NVFP4 GEMVs streamed this way (an A/B)")
     for option, *_, what in TOGGLES:

@@ -661,8 +661,8 @@ def mlp_chain(device: str, only: list[str] | None = None, rows: int = 1) -> list
         act = ys[0] if glu else silu_mul(*ys)
         cuda_ops.nvfp4_gemv_group(act, [(*w["down"], s2)], tiled=True, pdl=True, pipeline=pipeline)
 
-    def reads(w, mode="flat"):
-        for name in ("gate", "up", "down"):
+    def reads(w, mode="flat", names=("gate", "up", "down")):
+        for name in names:
             n, k = shapes["down" if name == "down" else "up"]
             if mode == "flat":
                 floor(w[name][0], w[name][1], sink, n, k, "flat", 1, 4, 4 * sms)
@@ -700,6 +700,18 @@ def mlp_chain(device: str, only: list[str] | None = None, rows: int = 1) -> list
                 # is it the small kernels' kind (Triton, early trigger) or any kernel between? torch copies
                 "grouped+pdl, copies between": lambda w: block(w, True, True, small_ops="copy"),
                 "bulk grouped+pdl, copies between": lambda w: block(w, True, True, small_ops="copy", pipeline="bulk")}
+    # Each weight on its own against its flat read: a launch walks whole 16-row strips over its persistent
+    # blocks, down_proj's 320 over 132 SMs (the busiest 3, 81% balance), gate+up's 1,088 (92%); an SM's share
+    # of DRAM is 1.4x larger on the H200, so an imbalance could show there and hide on the H100 (stop 41).
+    bulk = functools.partial(cuda_ops.nvfp4_gemv_group, tiled=True, pdl=True, pipeline="bulk-block-columns")
+    one_weight = {"down": (lambda w: bulk(act, [(*w["down"], s2)]), ("down",)),
+                  "gate+up glu": (lambda w: bulk(x, [(*w["gate"], s2), (*w["up"], s2)], glu=True), ("gate", "up"))}
+    weight_bytes = {}
+    for label, (body, names) in one_weight.items():
+        variants[f"bulk block columns {label} only"] = body
+        variants[f"flat read {label} only"] = lambda w, names=names: reads(w, names=names)
+        weight_bytes[f"bulk block columns {label} only"] = weight_bytes[f"flat read {label} only"] = sum(
+            n * k // 2 + n * k // 16 for n, k in (shapes["down" if name == "down" else "up"] for name in names))
     for shape in sorted(cuda_ops.BULK_SHAPES):  # bulk_shape's (8, 4) here
         variants[f"bulk grouped+pdl {shape[0]}x{shape[1]}"] = lambda w, s=shape: block(w, True, True, s, pipeline="bulk")
     results = []
@@ -718,9 +730,9 @@ def mlp_chain(device: str, only: list[str] | None = None, rows: int = 1) -> list
         graph.replay()
         torch.cuda.synchronize()
         ms = _bench(graph.replay)
-        us = 1000 * ms / CHAIN_LAYERS
-        results.append({"variant": name, "rows": rows, "us_per_layer": us, "GB_s": layer_bytes / us / 1e3,
-                        "layer_bytes": layer_bytes})
+        us, nbytes = 1000 * ms / CHAIN_LAYERS, weight_bytes.get(name, layer_bytes)
+        results.append({"variant": name, "rows": rows, "us_per_layer": us, "GB_s": nbytes / us / 1e3,
+                        "layer_bytes": nbytes})
     return results
 
 

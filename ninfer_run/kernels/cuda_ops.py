@@ -336,18 +336,43 @@ def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int
     return int4_gemv_group(x, [(qweight, scale, zero_point)], shape)[0]
 
 
+# How the tiled int4 GEMVs stream their weights: "ring-staged-x" (each warp's next tiles in registers, x
+# staged) or "bulk" (NVFP4's bulk pipeline with int4's arithmetic, where K % 256 == 0: a tile's 40-byte
+# record then lands 16-byte aligned; gate, up and SiLU-mul can share its launch). Read at each call
+# (tools/bench.py --ab-int4-pipeline).
+INT4_PIPELINE = os.environ.get("NINFER_INT4_PIPELINE", "ring-staged-x")
+INT4_PIPELINES = ("ring", "ring-staged-x", "bulk")
+if INT4_PIPELINE not in INT4_PIPELINES:
+    raise ValueError(f"NINFER_INT4_PIPELINE={INT4_PIPELINE!r}: one of {INT4_PIPELINES}")
+
+
+def int4_pipeline_for(k: int) -> str:
+    """The pipeline a tiled int4 GEMV of K runs by default: INT4_PIPELINE as it is now, the staged ring
+    where the bulk pipeline cannot take K."""
+    return INT4_PIPELINE if INT4_PIPELINE != "bulk" or k % 256 == 0 else "ring-staged-x"
+
+
+def int4_uses_glu(k: int) -> bool:
+    """Whether the engine's tiled int4 SwiGLU launch of K writes SiLU(gate) * up itself (FUSED_GLU, bulk)."""
+    return FUSED_GLU and int4_pipeline_for(k) == "bulk"
+
+
 def int4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
-                    pdl: bool = PDL, tiled: bool = False, pipeline: str | None = None) -> list[torch.Tensor]:
+                    pdl: bool = PDL, tiled: bool = False, pipeline: str | None = None,
+                    glu: bool = False) -> list[torch.Tensor]:
     """int4_gemv of 1 to 3 weights (qweight, scale, zero_point) that read the same x, as one launch.
-    `tiled`: every weight tile_int4's (codes, records, None), streamed by `pipeline` ("ring" or, the
-    default, "ring-staged-x", as NVFP4's); the row-major codes take the ring."""
+    `tiled`: every weight tile_int4's (codes, records, None), streamed by `pipeline` (INT4_PIPELINES;
+    None: int4_pipeline_for's); the row-major codes take the ring. `glu` (tiled, bulk): the weights are
+    gate and up of one N -> [SiLU(x @ gate^T) * (x @ up^T)], as nvfp4_gemv_group's."""
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
-    ys = _outputs(x, rows)
-    warps, depth = shape or gemv_shape(sum(rows), x.shape[1], x.device)
-    pipeline = pipeline or ("ring-staged-x" if tiled else "ring")
+    pipeline = pipeline or (int4_pipeline_for(x.shape[1]) if tiled else "ring")
+    if glu and (pipeline != "bulk" or len(weights) != 2):
+        raise ValueError(f"glu: gate and up in the bulk pipeline (tiled), not {len(weights)} weights in {pipeline!r}")
+    ys = _outputs(x, rows[:1] if glu else rows)
+    warps, depth = shape or (bulk_shape(x.shape[1]) if pipeline == "bulk" else gemv_shape(sum(rows), x.shape[1], x.device))
     _raise_refusal(torch.ops.ninfer.int4_gemv(x.contiguous(), [q for q, _, _ in weights], [s for _, s, _ in weights],
                                               [z for _, _, z in weights], ys, warps, depth, tiled, pdl,
-                                              PIPELINES[pipeline]))
+                                              PIPELINES[pipeline], glu))
     return ys
 
 

@@ -71,8 +71,8 @@ class QuantizedLinear:
         """x @ W^T for 1 to 3 weights as one CUDA GEMV launch (they read the same x: gate and up, q/k/v):
         one launch instead of three; None where they cannot share one (more rows than a GEMV takes, a
         plain tensor among them, a weight the CUDA kernels do not read). `glu`: weights are gate and up
-        of one shape -> [SiLU(x @ gate^T) * (x @ up^T)] from the kernel's float32 sums, where the NVFP4
-        launch of these rows writes it (cuda_ops.uses_glu), else None."""
+        of one shape -> [SiLU(x @ gate^T) * (x @ up^T)] from the kernel's float32 sums, where the launch of
+        these rows writes it (cuda_ops.uses_glu, int4_uses_glu), else None."""
         lead, k = x.shape[:-1], x.shape[-1]
         if not x.is_cuda or x.numel() // k > GEMV_MAX_ROWS or len(weights) > MAX_GROUP:
             return None
@@ -81,8 +81,9 @@ class QuantizedLinear:
         if len(kernels) != 1 or None in kernels:
             return None
         mlp = weights[0].mlp
-        if glu and (len(weights) != 2 or weights[0].shape != weights[1].shape or kernels != {"nvfp4"}
-                    or not cuda_ops.uses_glu(x2.shape[0], mlp)):
+        if glu and (len(weights) != 2 or weights[0].shape != weights[1].shape or not (
+                cuda_ops.uses_glu(x2.shape[0], mlp) if kernels == {"nvfp4"}
+                else kernels == {"int4-tiled"} and cuda_ops.int4_uses_glu(k))):
             return None
         x2 = x2.to(torch.bfloat16)  # (the tiled NVFP4 kernel takes any rows as bf16; results are cast back)
         if kernels == {"nvfp4"}:
@@ -90,7 +91,7 @@ class QuantizedLinear:
                                            pipeline=cuda_ops.pipeline_for(rows=x2.shape[0], mlp=mlp))
         else:
             ys = cuda_ops.int4_gemv_group(x2, [(w.parts["qweight"], w.parts["scale"], w.parts.get("zero_point"))
-                                               for w in weights], tiled=weights[0].tiled)
+                                               for w in weights], tiled=weights[0].tiled, glu=glu)
         return [y.to(x.dtype).reshape(*lead, w.shape[0]) for y, w in zip(ys, weights)]
 
     @staticmethod

@@ -60,8 +60,11 @@ def test_dequantize_reads_the_tiled_layout(symmetric):
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 @pytest.mark.parametrize("symmetric", [True, False])
-@pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (4, 17408, 5120), (9, 1024, 5120), (16, 48, 5120), (1, 16, 128)])
+@pytest.mark.parametrize("m,n,kk", [(1, 5120, 17408), (4, 17408, 5120), (9, 1024, 5120), (16, 48, 5120), (1, 16, 128),
+                                    (2, 64, 1280)])
 def test_cuda_int4_gemv_matches_reference(m, n, kk, symmetric):
+    """Row-major and tiled, every pipeline and shape: the reference's float32 sums rounded once. The bulk
+    pipeline where K % 256 == 0 (K = 1280: a slot's last chunk holds 2 of its 8 or 4 tiles)."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
@@ -78,6 +81,9 @@ def test_cuda_int4_gemv_matches_reference(m, n, kk, symmetric):
             (out,) = cuda_ops.int4_gemv_group(x, [(*tiled, None)], shape, tiled=True,
                                               pipeline=pipeline)
             assert out.shape == (m, n) and rounded_once(out, ref), (shape, pipeline)
+    for shape in sorted(cuda_ops.BULK_SHAPES) if kk % 256 == 0 else ():
+        (out,) = cuda_ops.int4_gemv_group(x, [(*tiled, None)], shape, tiled=True, pipeline="bulk")
+        assert out.shape == (m, n) and rounded_once(out, ref), (shape, "bulk")
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
@@ -92,24 +98,88 @@ def test_cuda_int4_gemv_group_gives_each_weight_its_own_product(m):
     parts = [_weight(n, kk, 4, 128, symmetric, n) for n, symmetric in ((6144, False), (1024, True), (528, False))]
     x = torch.randn(m, kk, generator=torch.Generator().manual_seed(m)).to(DEVICE, DTYPE)
     outs = cuda_ops.int4_gemv_group(x, [(p["qweight"], p["scale"], p.get("zero_point")) for p in parts])
-    tiled = cuda_ops.int4_gemv_group(x, [(*cuda_ops.tile_int4(p["qweight"], p["scale"], p.get("zero_point")), None)
-                                         for p in parts], tiled=True)
-    for out, out_tiled, p in zip(outs, tiled, parts):
+    tiled_parts = [(*cuda_ops.tile_int4(p["qweight"], p["scale"], p.get("zero_point")), None) for p in parts]
+    tiled = cuda_ops.int4_gemv_group(x, tiled_parts, tiled=True, pipeline="ring-staged-x")
+    bulk = cuda_ops.int4_gemv_group(x, tiled_parts, tiled=True, pipeline="bulk")
+    for out, out_tiled, out_bulk, p in zip(outs, tiled, bulk, parts):
         ref = k.reference(x, p["qweight"], p["scale"], p.get("zero_point"), 4, 128)
-        assert rounded_once(out, ref) and rounded_once(out_tiled, ref)
+        assert rounded_once(out, ref) and rounded_once(out_tiled, ref) and rounded_once(out_bulk, ref)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
-def test_cuda_int4_gemv_refuses_what_it_has_no_kernel_for():
-    """The bulk pipeline is tiled NVFP4's; staged x needs the tiled codes: a clear error, no launch."""
+@pytest.mark.parametrize("m,n,kk", [(1, 17408, 5120), (3, 1024, 5120), (12, 1024, 5120), (1, 64, 1280)])
+def test_cuda_int4_glu_is_silu_of_gate_times_up(m, n, kk):
+    """gate (zero points) and up (symmetric) in one launch of the bulk pipeline -> SiLU(gate) * up from the
+    float32 sums, rounded once, in each of its shapes (K = 1280: a partial last slot); the ring refuses."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
         pytest.skip("no sm_90 GPU or the extension did not build")
-    p = _weight(64, 512, 4, 128, True, 1)
-    x = torch.randn(1, 512).to(DEVICE, DTYPE)
+    gate, up = _weight(n, kk, 4, 128, False, n + 1), _weight(n, kk, 4, 128, True, n + 2)
+    x = torch.randn(m, kk, generator=torch.Generator().manual_seed(m)).to(DEVICE, DTYPE)
+    want = torch.nn.functional.silu(k.reference(x, gate["qweight"], gate["scale"], gate["zero_point"], 4, 128)) * \
+        k.reference(x, up["qweight"], up["scale"], None, 4, 128)
+    weights = [(*cuda_ops.tile_int4(w["qweight"], w["scale"], w.get("zero_point")), None) for w in (gate, up)]
+    for shape in sorted(cuda_ops.BULK_SHAPES):
+        (out,) = cuda_ops.int4_gemv_group(x, weights, shape, tiled=True, pipeline="bulk", glu=True)
+        assert out.shape == (m, n) and rounded_once(out, want), shape
+    with pytest.raises(ValueError, match="bulk pipeline"):
+        cuda_ops.int4_gemv_group(x, weights, (8, 2), tiled=True, pipeline="ring-staged-x", glu=True)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+def test_int4_mlp_writes_silu_mul_in_gate_and_ups_launch_where_the_bulk_pipeline_runs(monkeypatch):
+    """layers.swiglu_mlp over int4 QuantizedLinear weights (tiled at construction): with INT4_PIPELINE
+    bulk and FUSED_GLU, gate and up are one launch that writes SiLU(gate) * up (no SiLU-mul kernel); with
+    the staged ring, two GEMV outputs and silu_mul. Both the float32 reference MLP to bf16 rounding."""
+    from ninfer_run import layers
+    from ninfer_run.kernels import cuda_ops
+    from ninfer_run.kernels.linear import QuantizedLinear, Scratch
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    hidden, inter = 1280, 512
+    scheme = {"kind": "int", "bits": 4, "group_size": 128}
+    shapes = {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter)}
+    raw = {name: _weight(n, kk, 4, 128, name != "up", n + kk + i) for i, (name, (n, kk)) in enumerate(shapes.items())}
+    dense = {name: k.reference_dequantize(p["qweight"], p["scale"], p.get("zero_point"), 4, 128, shapes[name][1],
+                                          torch.float32) for name, p in raw.items()}
+    x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(7)).to(DEVICE, DTYPE)
+    want = (torch.nn.functional.silu(x.float() @ dense["gate"].T) * (x.float() @ dense["up"].T)) @ dense["down"].T
+    glus = []
+    launch = cuda_ops.int4_gemv_group
+
+    def counted(*a, **kw):
+        glus.append(kw.get("glu", False))
+        return launch(*a, **kw)
+
+    monkeypatch.setattr(cuda_ops, "int4_gemv_group", counted)
+    monkeypatch.setattr(cuda_ops, "FUSED_GLU", True)
+    for pipeline, fused in (("bulk", True), ("ring-staged-x", False)):
+        monkeypatch.setattr(cuda_ops, "INT4_PIPELINE", pipeline)
+        scratch = Scratch()
+        w = {name: QuantizedLinear(scheme, {r: t.clone() for r, t in p.items()}, shapes[name], scratch,
+                                   f"layers.0.mlp.{name}_proj") for name, p in raw.items()}
+        assert all(q.tiled for q in w.values())
+        glus.clear()
+        got = layers.swiglu_mlp(x, w["gate"], w["up"], w["down"])
+        assert glus == ([True, False] if fused else [False, False]), (pipeline, glus)
+        assert float((got.float() - want).norm() / want.norm()) < 1e-2, pipeline
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+def test_cuda_int4_gemv_refuses_what_it_has_no_kernel_for():
+    """The bulk pipeline takes tiled int4 where K % 256 == 0 (its records' copies 16-byte aligned), the
+    block columns are NVFP4's, staged x needs the tiled codes: a clear error, no launch."""
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    p = _weight(64, 384, 4, 128, True, 1)
+    x = torch.randn(1, 384).to(DEVICE, DTYPE)
     tiled = cuda_ops.tile_int4(p["qweight"], p["scale"])
     for weights, is_tiled, pipeline in (([(*tiled, None)], True, "bulk"),
+                                        ([(*tiled, None)], True, "bulk-block-columns"),
                                         ([(p["qweight"], p["scale"], None)], False, "ring-staged-x")):
         with pytest.raises(RuntimeError, match="int4_gemv launch failed"):
             cuda_ops.int4_gemv_group(x, weights, tiled=is_tiled, pipeline=pipeline)

@@ -166,7 +166,9 @@ def test_tiled_nvfp4_views_scales_and_k_order_are_exact():
                  "a[3] = bf16x2_mul(h ? fp4_view<3>(vh) : fp4_view<1>(vh), sh[t >> 1]);",
                  "kNaturalX ? x_natural(b0, b1, xl[t], h) : x_pair(b0, b1, xl[t], h);",
                  "b0 = h ? v.z : v.x;", "b1 = h ? v.w : v.y;", "tile_mmas<kHighTokens, true>(d, xl, xh,",
-                 "dispatch_ring<ninfer_sm90::Nvfp4Tiled, true>", "Nvfp4Tiled::tile<kHighTokens>(d, wg, wh"):
+                 "dispatch_ring<ninfer_sm90::Nvfp4Tiled, true>", "dispatch_bulk<ninfer_sm90::Nvfp4Tiled, false>",
+                 "Codec::template tile<kHighTokens>(d, wg, wh, ag, ah, xl, xh)",
+                 "const uint32_t both = *reinterpret_cast<const uint32_t*>(side + 4 * lane);"):
         assert text in SOURCE, text
     g = torch.Generator().manual_seed(5)
     q, s8, s2 = quantize_nvfp4(torch.randn(N, K, generator=g) * 0.05)
@@ -363,6 +365,8 @@ def test_tiled_int4_layout_is_what_the_tiled_kernel_loads(symmetric):
 
     assert "Codec::load_tile_rows(ag, ah, args, n0, K, kt, g, c);" in SOURCE
     assert "((size_t)(n0 / 16) * (K / kTileK) + kt) * 40;" in SOURCE
+    # (the bulk pipeline reads a slot's copy of the record the same way: word g, byte 32 + g)
+    assert "ag = {record[32 + g], *reinterpret_cast<const uint32_t*>(record + 4 * g)};" in SOURCE
     assert "ag = {__ldg(record + 32 + g), __ldg(reinterpret_cast<const uint32_t*>(record) + g)};" in SOURCE
     assert ("biased_zero_pair(both.zeros & 15u), biased_zero_pair(both.zeros >> 4),\n"
             "                       __uint_as_float(both.scales << 16), __uint_as_float(both.scales & 0xFFFF0000u)") in SOURCE
@@ -454,3 +458,26 @@ def test_pipeline_choice_and_glu_refusal(monkeypatch):
     with pytest.raises(ValueError, match="staged norm"):
         cuda_ops.nvfp4_norm_gemv_group(x[:1], None, x[0], 1e-6, 1.0, [weight, weight], pipeline="ring-block-columns",
                                        glu=True)
+
+
+def test_int4_pipeline_choice_and_glu_refusal(monkeypatch):
+    """Tiled int4 runs INT4_PIPELINE, the staged ring where the bulk pipeline cannot take K (K % 256: a
+    tile's 40-byte record would land off a 16-byte boundary for cp.async.bulk); gate+up+SiLU-mul in one
+    launch only there and with FUSED_GLU, refused elsewhere before any kernel runs."""
+    from ninfer_run.kernels import cuda_ops
+
+    monkeypatch.setattr(cuda_ops, "INT4_PIPELINE", "bulk")
+    monkeypatch.setattr(cuda_ops, "FUSED_GLU", True)
+    assert cuda_ops.int4_pipeline_for(5120) == "bulk" and cuda_ops.int4_pipeline_for(384) == "ring-staged-x"
+    assert cuda_ops.int4_uses_glu(17408) and not cuda_ops.int4_uses_glu(128)
+    monkeypatch.setattr(cuda_ops, "FUSED_GLU", False)
+    assert not cuda_ops.int4_uses_glu(5120)
+    monkeypatch.setattr(cuda_ops, "INT4_PIPELINE", "ring-staged-x")
+    monkeypatch.setattr(cuda_ops, "FUSED_GLU", True)
+    assert cuda_ops.int4_pipeline_for(5120) == "ring-staged-x" and not cuda_ops.int4_uses_glu(5120)
+    x = torch.zeros(1, 256, dtype=torch.bfloat16)
+    weight = (torch.zeros(1, 2, 256, dtype=torch.int32), torch.zeros(1, 2, 40, dtype=torch.uint8), None)
+    with pytest.raises(ValueError, match="bulk pipeline"):  # the default here: the staged ring
+        cuda_ops.int4_gemv_group(x, [weight, weight], tiled=True, glu=True)
+    with pytest.raises(ValueError, match="bulk pipeline"):  # one weight
+        cuda_ops.int4_gemv_group(x, [weight], tiled=True, pipeline="bulk", glu=True)

@@ -116,7 +116,7 @@ void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale
 
 void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
                     const c10::List<std::optional<at::Tensor>>& zero, at::TensorList y, int64_t warps, int64_t depth,
-                    bool tiled, bool pdl, int64_t pipeline) {
+                    bool tiled, bool pdl, int64_t pipeline, bool glu) {
   require(scale.size() == q.size() && zero.size() == q.size(), "int4_gemv: as many scales and zeros as weights");
   std::vector<int> n;
   const char* q_shape = tiled ? "q: i32 [N/16, K/128, 256] (tiled)" : "q: i32 [N, K/8]";
@@ -124,7 +124,7 @@ void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
     require(t.dim() == (tiled ? 3 : 2), q_shape);
     n.push_back(static_cast<int>(t.size(0) * (tiled ? 16 : 1)));
   }
-  const auto [M, K, yp] = check_rows("int4_gemv", x, y, n, false);
+  const auto [M, K, yp] = check_rows("int4_gemv", x, y, n, glu);
   std::vector<const void*> qp, sp, zp;
   for (size_t p = 0; p < q.size(); ++p) {
     require(q[p].scalar_type() == at::kInt && q[p].is_contiguous() &&
@@ -151,7 +151,7 @@ void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
   check_launch("int4_gemv",
                ninfer_int4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), zp.data(),
                                      n.data(), yp.data(), M, K, warps, depth, tiled, pdl, static_cast<int>(pipeline),
-                                     c10::cuda::getCurrentCUDAStream()),
+                                     glu, c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
@@ -193,8 +193,8 @@ std::string nvfp4_norm_gemv(const at::Tensor& x, const std::optional<at::Tensor>
 
 std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scale,
                       const c10::List<std::optional<at::Tensor>>& zero, at::TensorList y, int64_t warps, int64_t depth,
-                      bool tiled, bool pdl, int64_t pipeline) {
-  return guarded([&] { int4_gemv_body(x, q, scale, zero, y, warps, depth, tiled, pdl, pipeline); });
+                      bool tiled, bool pdl, int64_t pipeline, bool glu) {
+  return guarded([&] { int4_gemv_body(x, q, scale, zero, y, warps, depth, tiled, pdl, pipeline, glu); });
 }
 
 }  // namespace
@@ -203,10 +203,10 @@ std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scal
 // first normalized as NinferAddNorm says (x + residual, its RMSNorm), the sum and the normed row written
 // where given.
 // One launch for 1 to 3 weights that read the same x, each into its own y [M, N] -> "" or why not (guarded);
-// glu (NVFP4, tiled, the bulk pipeline): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
+// glu (tiled, the bulk pipelines): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
 // its weights (quant_gemv_sm90.h's Pipeline: the staged and block-columns ones for the tiled layouts only,
-// the bulk ones for tiled NVFP4 only).
+// bulk for both tiled layouts, bulk-block-columns for tiled NVFP4 only).
 TORCH_LIBRARY(ninfer, m) {
   m.def("nvfp4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
         "bool tiled, bool pdl, int pipeline, bool glu) -> str");
@@ -214,7 +214,7 @@ TORCH_LIBRARY(ninfer, m) {
         "float eps, float offset, Tensor[] q, Tensor[] scale, Tensor[] s2, Tensor(a!)[] y, int warps, int depth, "
         "bool pdl, int pipeline, bool glu) -> str");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
-        "bool tiled, bool pdl, int pipeline) -> str");
+        "bool tiled, bool pdl, int pipeline, bool glu) -> str");
 }
 
 TORCH_LIBRARY_IMPL(ninfer, CUDA, m) {

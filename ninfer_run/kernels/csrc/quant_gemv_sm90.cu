@@ -248,6 +248,13 @@ struct Nvfp4Tiled : Nvfp4 {  // Nvfp4's arguments, scale bytes and output scale;
     ag = {both & 0xFFFFu};
     ah = {both >> 16};
   }
+  static constexpr int kSideBytes = 128;  // a tile's scale bytes, streamed beside its codes (the bulk pipelines)
+  // The same from the tile's scale bytes in shared memory (a bulk slot).
+  __device__ static void slot_rows(RowAux& ag, RowAux& ah, const uint8_t* side, int lane) {
+    const uint32_t both = *reinterpret_cast<const uint32_t*>(side + 4 * lane);
+    ag = {both & 0xFFFFu};
+    ah = {both >> 16};
+  }
   template <bool kHighTokens>
   __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
                                 const RowAux& ah, const uint4 (&xl)[4], const uint4 (&xh)[4]) {
@@ -402,6 +409,14 @@ struct Int4Tiled : Int4 {  // Int4's arguments (scale: the records) and MMAs
     const uint8_t* record = reinterpret_cast<const uint8_t*>(a.scale) + ((size_t)(n0 / 16) * (K / kTileK) + kt) * 40;
     ag = {__ldg(record + 32 + g), __ldg(reinterpret_cast<const uint32_t*>(record) + g)};
     ah = {};  // (both rows' in ag)
+  }
+  // The bulk pipeline streams a tile's record beside its codes: a slot's records are 16-byte aligned where
+  // its tiles are even in number (cp.async.bulk moves multiples of 16 bytes): K % 256 == 0.
+  static constexpr int kSideBytes = 40;
+  __device__ static void slot_rows(RowAux& ag, RowAux& ah, const uint8_t* record, int lane) {
+    const int g = lane >> 2;
+    ag = {record[32 + g], *reinterpret_cast<const uint32_t*>(record + 4 * g)};
+    ah = {};
   }
   template <bool kHighTokens>
   __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& both,
@@ -767,10 +782,11 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
                ::"r"(shared_address(dst)), "l"(src), "r"(bytes), "r"(shared_address(bar)) : "memory");
 }
 
-constexpr int kTileBytes = 1024 + 128;  // a tiled NVFP4 tile: codes, scales
+template <class Codec>
+constexpr int kTileBytes = 1024 + Codec::kSideBytes;  // a tile in a slot: codes, then scales (or records)
 
-template <int kWarps, int kStages>
-constexpr int bulk_shared_bytes() { return kStages * kWarps * kTileBytes; }
+template <class Codec, int kWarps, int kStages>
+constexpr int bulk_shared_bytes() { return kStages * kWarps * kTileBytes<Codec>; }
 
 // The bulk pipelines' slot barriers, set up by thread 0 before any thread uses them: a slot is full once the
 // producer's bytes land, empty once every consumer lane has read it.
@@ -787,32 +803,32 @@ __device__ __forceinline__ void init_slot_barriers(uint64_t* full, uint64_t* emp
 }
 
 // The bulk pipelines' producer (one lane): the block's strip of kWeights weights (parts part, part + 1),
-// chunk by chunk (kWarps / kWeights K tiles of each), into kStages slots of codes then scales (a slot's
-// tile w is consumer warp w's); a refill first waits for the consumers to free its slot. first: the
-// block's chunks before this strip's (a persistent grid's blocks stream strip after strip through the
-// same slots).
-template <int kWarps, int kStages, int kWeights>
+// chunk by chunk (kWarps / kWeights K tiles of each), into kStages slots of codes then scales (Codec's side
+// bytes: NVFP4's scales, int4's records; a slot's tile w is consumer warp w's); a refill first waits for the
+// consumers to free its slot. first: the block's chunks before this strip's (a persistent grid's blocks
+// stream strip after strip through the same slots).
+template <class Codec, int kWarps, int kStages, int kWeights>
 __device__ __forceinline__ void produce_chunks(uint8_t* slots, uint64_t* full, uint64_t* empty,
-                                               const Parts<Nvfp4::Args>& parts, int part, int block, int tiles,
-                                               int first = 0) {
-  constexpr int kCodes = kWarps * 1024, kSplit = kWarps / kWeights;
+                                               const Parts<typename Codec::Args>& parts, int part, int block,
+                                               int tiles, int first = 0) {
+  constexpr int kCodes = kWarps * 1024, kSplit = kWarps / kWeights, kSide = Codec::kSideBytes;
   const int chunks = (tiles + kSplit - 1) / kSplit;
   const uint8_t* codes[kWeights];
-  const uint8_t* scales[kWeights];
+  const uint8_t* sides[kWeights];
 #pragma unroll
   for (int p = 0; p < kWeights; ++p) {
     codes[p] = pick(parts.q, part + p) + (size_t)block * tiles * 1024;
-    scales[p] = pick(parts.args, part + p).scale + (size_t)block * tiles * 128;
+    sides[p] = reinterpret_cast<const uint8_t*>(pick(parts.args, part + p).scale) + (size_t)block * tiles * kSide;
   }
   for (int j = 0; j < chunks; ++j) {
     const int at = first + j, slot = at % kStages, n = min(kSplit, tiles - j * kSplit);
     if (at >= kStages) barrier_wait(&empty[slot], (at / kStages - 1) & 1);
-    barrier_expect_bytes(&full[slot], kWeights * n * kTileBytes);
+    barrier_expect_bytes(&full[slot], kWeights * n * kTileBytes<Codec>);
 #pragma unroll
     for (int p = 0; p < kWeights; ++p) {
       const int tile = slot * kWarps + p * kSplit;  // the slot's first tile of weight p
       bulk_copy(slots + tile * 1024, codes[p] + (size_t)j * kSplit * 1024, n * 1024, &full[slot]);
-      bulk_copy(slots + kStages * kCodes + tile * 128, scales[p] + (size_t)j * kSplit * 128, n * 128, &full[slot]);
+      bulk_copy(slots + kStages * kCodes + tile * kSide, sides[p] + (size_t)j * kSplit * kSide, n * kSide, &full[slot]);
     }
   }
 }
@@ -823,12 +839,13 @@ __device__ __forceinline__ void produce_chunks(uint8_t* slots, uint64_t* full, u
 // SiLU(gate) * up (write_rows): the SwiGLU MLP's activation needs no kernel of its own. (In the register
 // ring the same split measured slower: its warps' weight pointers leave the uniform registers, 70
 // registers, 3 blocks per SM instead of 4.)
-template <bool kHighTokens, int kWarps, int kStages, bool kGlu>
+// Codec: Nvfp4Tiled or Int4Tiled (the slot's side bytes, a tile's scales or record, read by Codec::slot_rows).
+template <class Codec, bool kHighTokens, int kWarps, int kStages, bool kGlu>
 __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps == 8 ? 3 : 5)) gemv_bulk(const __nv_bfloat16* __restrict__ x,
-                                                               const Parts<Nvfp4::Args> parts, int M, int K) {
-  constexpr int kCodes = kWarps * 1024, kScales = kWarps * 128;  // a slot's bytes
+                                                               const Parts<typename Codec::Args> parts, int M, int K) {
+  constexpr int kCodes = kWarps * 1024, kSides = kWarps * Codec::kSideBytes;  // a slot's bytes
   constexpr int kSplit = kGlu ? kWarps / 2 : kWarps;             // K tiles of one weight in a slot
-  extern __shared__ __align__(128) uint8_t slots[];              // codes [kStages][kCodes], scales [kStages][kScales]
+  extern __shared__ __align__(128) uint8_t slots[];              // codes [kStages][kCodes], sides [kStages][kSides]
   __shared__ uint64_t full[kStages], empty[kStages];
   asm volatile("griddepcontrol.launch_dependents;");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -837,7 +854,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   const int part = kGlu ? 0 : part_of(parts, blockIdx.x);
   const int block = blockIdx.x - (kGlu ? 0 : pick(parts.first_block, part));  // within the part
   if (warp == kWarps) {  // the producer: weights only, which no kernel writes, so no griddepcontrol.wait
-    if (lane == 0) produce_chunks<kWarps, kStages, kGlu ? 2 : 1>(slots, full, empty, parts, part, block, tiles);
+    if (lane == 0) produce_chunks<Codec, kWarps, kStages, kGlu ? 2 : 1>(slots, full, empty, parts, part, block, tiles);
     return;
   }
   const int kw = kGlu ? warp % kSplit : warp;  // the first K tile of this warp's weight it takes
@@ -859,7 +876,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   };
   float d[2][2][4] = {};
   const uint8_t* codes = slots + warp * 1024 + 16 * lane;                    // slot 0's, this lane's
-  const uint8_t* scales = slots + kStages * kCodes + warp * 128 + 4 * lane;
+  const uint8_t* sides = slots + kStages * kCodes + warp * Codec::kSideBytes;  // slot 0's, this warp's tile's
   // Chunk j in slot i (the loop is unrolled over the slots: constant offsets, constant x buffers).
   auto step = [&](int j, int i, uint32_t parity, const uint4 (&xl)[4], const uint4 (&xh)[4], uint4 (&next_l)[4],
                   uint4 (&next_h)[4]) {
@@ -867,13 +884,14 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
     barrier_wait(&full[i], parity);
     const uint4 wg = *reinterpret_cast<const uint4*>(codes + i * kCodes);
     const uint4 wh = *reinterpret_cast<const uint4*>(codes + i * kCodes + 512);
-    const uint32_t both = *reinterpret_cast<const uint32_t*>(scales + i * kScales);
+    typename Codec::RowAux ag, ah;
+    Codec::slot_rows(ag, ah, sides + i * kSides, lane);
     // Every lane frees the slot after its own reads; the reads are the generic proxy's and the refill
     // the async proxy's writes, so a proxy fence orders them (without it the GPU tests saw refills
     // land before reads at M > 1).
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     barrier_arrive(&empty[i]);
-    if (j * kSplit + kw < tiles) Nvfp4Tiled::tile<kHighTokens>(d, wg, wh, {both & 0xFFFFu}, {both >> 16}, xl, xh);
+    if (j * kSplit + kw < tiles) Codec::template tile<kHighTokens>(d, wg, wh, ag, ah, xl, xh);
   };
   static_assert(kStages % 2 == 0, "two x buffers alternate over the slots");
   uint4 xl[2][4], xh[2][4];
@@ -887,7 +905,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   __shared__ float partial[kWarps][kHighTokens ? 2 : 1][4][32];
   store_partial<kHighTokens>(partial[warp], d, lane);
   sync_consumers<kWarps>();
-  if (warp == 0) write_rows<Nvfp4Tiled, kHighTokens, kWarps, kGlu>(partial, parts, blockIdx.x, block * 16, M, lane);
+  if (warp == 0) write_rows<Codec, kHighTokens, kWarps, kGlu>(partial, parts, blockIdx.x, block * 16, M, lane);
 }
 
 // One token in the bulk pipeline with Nvfp4Columns' arithmetic (pipeline bulk-block-columns): the producer
@@ -920,7 +938,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_b
 #pragma unroll
         for (int w = 0; w < kWeights; ++w, first += chunks) {
           const int part = kGlu ? w : part_of(parts, strip);
-          produce_chunks<kWarps, kStages, 1>(slots, full, empty, parts, part,
+          produce_chunks<Nvfp4Columns, kWarps, kStages, 1>(slots, full, empty, parts, part,
                                              kGlu ? strip : strip - pick(parts.first_block, part), tiles, first);
         }
       }
@@ -1059,15 +1077,17 @@ cudaError_t launch_ring(const void* x, const Parts<typename Codec::Args>& parts,
                : cudaLaunchKernelEx(&l.config, low_rows_kernel<Codec, kWarps, kDepth, kTiled, false>(), xb, parts, M, K);
 }
 
-template <int kWarps, int kStages, bool kGlu>
-cudaError_t launch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int M, int K, bool pdl,
+template <class Codec, int kWarps, int kStages, bool kGlu>
+cudaError_t launch_bulk(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, bool pdl,
                         cudaStream_t stream) {
-  constexpr int kShared = bulk_shared_bytes<kWarps, kStages>();
-  auto* kernel = M > 8 ? gemv_bulk<true, kWarps, kStages, kGlu> : gemv_bulk<false, kWarps, kStages, kGlu>;
+  constexpr int kShared = bulk_shared_bytes<Codec, kWarps, kStages>();
+  auto* low = gemv_bulk<Codec, false, kWarps, kStages, kGlu>;
+  auto* high = gemv_bulk<Codec, true, kWarps, kStages, kGlu>;
+  auto* kernel = M > 8 ? high : low;
   if constexpr (kShared > kDefaultSharedBytes) {  // past the default: opted in once per kernel
     static const cudaError_t opt_in[2] = {
-        cudaFuncSetAttribute(gemv_bulk<false, kWarps, kStages, kGlu>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared),
-        cudaFuncSetAttribute(gemv_bulk<true, kWarps, kStages, kGlu>, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared)};
+        cudaFuncSetAttribute(low, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared),
+        cudaFuncSetAttribute(high, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared)};
     if (opt_in[M > 8] != cudaSuccess) return opt_in[M > 8];
   }
   Launch l(blocks, (kWarps + 1) * 32, kShared, pdl, stream);
@@ -1091,7 +1111,7 @@ cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, 
     const int most = optin - static_cast<int>(attributes.sharedSizeBytes);
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most) == cudaSuccess ? most : 0;
   }();
-  const int shared = bulk_shared_bytes<kWarps, kStages>() + K * 2 + 64;
+  const int shared = bulk_shared_bytes<Nvfp4Columns, kWarps, kStages>() + K * 2 + 64;
   if (shared > most_bytes) return cudaErrorInvalidValue;
   int device = 0, sms = 0, per_sm = 0;
   cudaGetDevice(&device);
@@ -1103,15 +1123,15 @@ cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, 
 
 // The bulk pipeline's (consumer warps, slots) in {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}; blocks: the
 // parts' N / 16 (glu: one part's).
-template <bool kGlu>
-cudaError_t dispatch_bulk(const void* x, const Parts<Nvfp4::Args>& parts, int blocks, int M, int K, int warps,
+template <class Codec, bool kGlu>
+cudaError_t dispatch_bulk(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int M, int K, int warps,
                           int depth, bool pdl, cudaStream_t stream) {
   switch (warps * 10 + depth) {
-    case 44: return launch_bulk<4, 4, kGlu>(x, parts, blocks, M, K, pdl, stream);
-    case 48: return launch_bulk<4, 8, kGlu>(x, parts, blocks, M, K, pdl, stream);
-    case 82: return launch_bulk<8, 2, kGlu>(x, parts, blocks, M, K, pdl, stream);
-    case 84: return launch_bulk<8, 4, kGlu>(x, parts, blocks, M, K, pdl, stream);
-    case 88: return launch_bulk<8, 8, kGlu>(x, parts, blocks, M, K, pdl, stream);
+    case 44: return launch_bulk<Codec, 4, 4, kGlu>(x, parts, blocks, M, K, pdl, stream);
+    case 48: return launch_bulk<Codec, 4, 8, kGlu>(x, parts, blocks, M, K, pdl, stream);
+    case 82: return launch_bulk<Codec, 8, 2, kGlu>(x, parts, blocks, M, K, pdl, stream);
+    case 84: return launch_bulk<Codec, 8, 4, kGlu>(x, parts, blocks, M, K, pdl, stream);
+    case 88: return launch_bulk<Codec, 8, 8, kGlu>(x, parts, blocks, M, K, pdl, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -1203,8 +1223,8 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
     err = ninfer_sm90::dispatch_bulk_columns(x, parts, blocks, K, warps, depth, pdl, glu, norm, stream);
   else if (bulk)  // (bulk-block-columns at more rows: bulk's)
     err = !tiled ? cudaErrorInvalidValue
-          : glu ? ninfer_sm90::dispatch_bulk<true>(x, parts, blocks / 2, M, K, warps, depth, pdl, stream)
-                : ninfer_sm90::dispatch_bulk<false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
+          : glu ? ninfer_sm90::dispatch_bulk<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks / 2, M, K, warps, depth, pdl, stream)
+                : ninfer_sm90::dispatch_bulk<ninfer_sm90::Nvfp4Tiled, false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
   else if (tiled)
     err = ninfer_sm90::dispatch_ring<ninfer_sm90::Nvfp4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
                                                                      norm, stream);
@@ -1216,19 +1236,26 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
 
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool tiled, bool pdl, int pipeline, cudaStream_t stream) {
+                          bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream) {
   using ninfer_sm90::Int4;
-  if (count < 1 || count > ninfer_sm90::kMaxParts || pipeline == ninfer_sm90::kBulk ||
-      pipeline == ninfer_sm90::kRingBlockColumns || pipeline == ninfer_sm90::kBulkBlockColumns ||
-      (!tiled && pipeline != ninfer_sm90::kRing))
+  using ninfer_sm90::Int4Tiled;
+  const bool bulk = pipeline == ninfer_sm90::kBulk;  // (tiled, K % 256 == 0: Int4Tiled::kSideBytes)
+  if (count < 1 || count > ninfer_sm90::kMaxParts || pipeline == ninfer_sm90::kRingBlockColumns ||
+      pipeline == ninfer_sm90::kBulkBlockColumns || (!tiled && pipeline != ninfer_sm90::kRing) ||
+      (bulk && K % 256 != 0) || (glu && (count != 2 || n[0] != n[1] || !bulk)))
     return static_cast<int>(cudaErrorInvalidValue);
   Int4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p)
     args[p] = {static_cast<const __nv_bfloat16*>(scale[p]), static_cast<const int32_t*>(zero[p])};
   ninfer_sm90::Parts<Int4::Args> parts;
-  const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, count, n);
-  return static_cast<int>(
-      tiled ? ninfer_sm90::dispatch_ring<ninfer_sm90::Int4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline,
-                                                                       nullptr, stream)
-            : ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, nullptr, stream));
+  const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, glu ? 1 : count, n);
+  cudaError_t err;
+  if (bulk)
+    err = glu ? ninfer_sm90::dispatch_bulk<Int4Tiled, true>(x, parts, blocks / 2, M, K, warps, depth, pdl, stream)
+              : ninfer_sm90::dispatch_bulk<Int4Tiled, false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
+  else if (tiled)
+    err = ninfer_sm90::dispatch_ring<Int4Tiled, true>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, nullptr, stream);
+  else
+    err = ninfer_sm90::dispatch_ring<Int4, false>(x, parts, blocks, M, K, warps, depth, pdl, pipeline, nullptr, stream);
+  return static_cast<int>(err);
 }

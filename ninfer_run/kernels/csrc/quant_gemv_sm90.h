@@ -25,8 +25,9 @@ struct NinferAddNorm {
 
 // `count` (1..3) weights of n[p] rows each into y[p] [M, n[p]]; each returns the launch's CUDA error code
 // (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a pipeline the layout has
-// not: staged x is the tiled layouts', bulk copies the tiled NVFP4 layout's). glu (the bulk pipelines): two
-// weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) * (x @ up^T) [M, N]. norm (nullptr: none): see
+// not: staged x is the tiled layouts', bulk copies the tiled ones' (int4's where K % 256 == 0), block columns
+// tiled NVFP4's). glu (the bulk pipelines): two weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) *
+// (x @ up^T) [M, N]. norm (nullptr: none): see
 // NinferAddNorm; tiled NVFP4, M = 1, the block-columns pipelines only (with glu: bulk-block-columns).
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
@@ -34,4 +35,4 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
                            cudaStream_t stream);
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool tiled, bool pdl, int pipeline, cudaStream_t stream);
+                          bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream);
