@@ -339,8 +339,9 @@ def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int
 # How the tiled int4 GEMVs stream their weights: "ring-staged-x" (each warp's next tiles in registers, x
 # staged) or "bulk" (NVFP4's bulk pipeline with int4's arithmetic, where K % 256 == 0: a tile's 40-byte
 # record then lands 16-byte aligned; gate, up and SiLU-mul can share its launch). Read at each call
-# (tools/bench.py --ab-int4-pipeline).
-INT4_PIPELINE = os.environ.get("NINFER_INT4_PIPELINE", "ring-staged-x")
+# (tools/bench.py --ab-int4-pipeline). Bulk since stop 44 (one H100, adjacent: the 27B's int4 C = 1 120.9
+# -> 136.1 tok/s, C = 8 831.3 -> 834.3).
+INT4_PIPELINE = os.environ.get("NINFER_INT4_PIPELINE", "bulk")
 INT4_PIPELINES = ("ring", "ring-staged-x", "bulk")
 if INT4_PIPELINE not in INT4_PIPELINES:
     raise ValueError(f"NINFER_INT4_PIPELINE={INT4_PIPELINE!r}: one of {INT4_PIPELINES}")
