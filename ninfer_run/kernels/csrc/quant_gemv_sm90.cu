@@ -36,7 +36,7 @@
 // register ring (gemv) each warp keeps kDepth tiles of weights and scales in flight in registers (a ring
 // of kDepth + 1 slots, the loop unrolled over it, so each refill lands in the slot just consumed without
 // register copies); in the bulk pipeline (gemv_bulk, tiled NVFP4) a producer warp keeps the block's
-// next tiles coming into shared memory.
+// next tiles coming into shared memory (tiled NVFP4, and tiled int4 where K % 256 == 0).
 // The warps' partial sums are added in shared memory, so each output is written once, in bf16: no
 // split over blocks, no atomics, no zeroed fp32 buffer and no conversion kernel after.
 //

@@ -4,10 +4,10 @@
 
 namespace ninfer_sm90 {
 // How a launch streams its weights (the launchers' `pipeline`; cuda_ops.PIPELINES): the register ring, the
-// ring with x staged in shared memory (tiled NVFP4, M <= 8, x and the partial sums within 48 KB; else the
-// plain ring), the bulk-copy pipeline (tiled NVFP4 only), or the staged ring with the block scales as MMA
-// columns at M = 1 (Nvfp4Columns, tiled NVFP4; other rows as ring-staged-x), or the bulk-copy pipeline with
-// Nvfp4Columns' arithmetic at M = 1 (other rows as bulk).
+// ring with x staged in shared memory (the tiled layouts, M <= 8, x and the partial sums within 48 KB; else
+// the plain ring), the bulk-copy pipeline (the tiled layouts; int4 where K % 256 == 0), or the staged ring
+// with the block scales as MMA columns at M = 1 (Nvfp4Columns, tiled NVFP4; other rows as ring-staged-x), or
+// the bulk-copy pipeline with Nvfp4Columns' arithmetic at M = 1 (other rows as bulk).
 enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3, kBulkBlockColumns = 4 };
 }  // namespace ninfer_sm90
 
@@ -27,8 +27,8 @@ struct NinferAddNorm {
 // (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a pipeline the layout has
 // not: staged x is the tiled layouts', bulk copies the tiled ones' (int4's where K % 256 == 0), block columns
 // tiled NVFP4's). glu (the bulk pipelines): two weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) *
-// (x @ up^T) [M, N]. norm (nullptr: none): see
-// NinferAddNorm; tiled NVFP4, M = 1, the block-columns pipelines only (with glu: bulk-block-columns).
+// (x @ up^T) [M, N]. norm (nullptr: none): see NinferAddNorm; tiled NVFP4, M = 1, the block-columns
+// pipelines only (with glu: bulk-block-columns).
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
                            int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
