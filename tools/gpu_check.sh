@@ -10,7 +10,7 @@
 #   attn    tools/bench_kernels.py --attention-sweep: decode attention in a graph, pool-wide tables, per partition target
 #   gdn     tools/bench_kernels.py --gdn-sweep: the GDN recurrence of a decode step (48 layers in a graph), per Dv block and warps
 #   gdnrows tools/bench_kernels.py --gdn-only: fla's chunked GDN vs torch's, the in-place decode step, the prefill conv kernel vs torch
-#   sampling tools/bench_sampling.py: a sampled row's host and device time, whole vocabulary vs top-k candidates
+#   sampling tools/bench_sampling.py: a sampled row's host and device time: whole vocabulary, top-k + one kernel, top-k + torch ops
 #   pattn   tools/bench_kernels.py --prefill-attention-ab: a long chunk's attention in each NINFER_PREFILL_ATTENTION mode
 #   smallops tools/bench_kernels.py --prefill-small-ops: an 8K chunk's norms (the GDN output norm many rows a program
 #           and one), SiLU-mul and NVFP4 dequantization against copy
