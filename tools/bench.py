@@ -26,8 +26,9 @@ chunked prefill, the GPU kernels, fla-core's Gated DeltaNet):
     by the GEMV after them and with a norm kernel of their own (cuda_ops.FUSED_NORM flipped); with
     --ab-fused-glu, with SwiGLU's SiLU-mul written by gate and up's launch and by a kernel of its own
     (cuda_ops.FUSED_GLU flipped); with --ab-fused-draw, the sampled decode with the draw after the top-k as
-    one kernel and as torch's ops (sampling.FUSED_DRAW flipped); with --ab-triton-pdl, with the step's Triton kernels launched as
-    programmatic dependents of the kernel ahead and as plain launches (kernels.common.TRITON_PDL flipped);
+    one kernel and as torch's ops (sampling.FUSED_DRAW flipped); with --ab-triton-pdl, with the step's Triton
+    kernels launched as programmatic dependents of the kernel ahead and as plain launches
+    (kernels.common.TRITON_PDL flipped);
     with --ab-conv-gates, with a GDN layer's conv and gates in one launch and in two
     (kernels.gdn_decode.CONV_GATES); with --ab-norm-rope-write, with an attention layer's q/k norm and RoPE
     in the KV write's launch and apart (kernels.kv_write.NORM_ROPE_WRITE);
@@ -575,7 +576,7 @@ def decode_figures(model, profile: str, p: dict, args, first: bool, save) -> Non
                   f"accept {row['acceptance']}", flush=True)
     # each concurrency with cuda_ops' setting as it is and flipped, back to back (adjacent runs: the
     # machine's drift over the run stays out of the A/B)
-    flips = [("pipeline", cuda_ops, "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []  # (greedy)
+    flips = [("pipeline", cuda_ops, "PIPELINE", args.ab_pipeline)] if args.ab_pipeline else []
     flips += [("mlp pipeline", cuda_ops, "MLP_PIPELINE", args.ab_mlp_pipeline)] if args.ab_mlp_pipeline else []
     if args.ab_int4_pipeline and profile.startswith("int4"):
         flips += [("int4 pipeline", cuda_ops, "INT4_PIPELINE", args.ab_int4_pipeline)]
