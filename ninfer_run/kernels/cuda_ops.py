@@ -337,12 +337,15 @@ def int4_gemv(x: torch.Tensor, qweight, scale, zero_point, shape: tuple[int, int
 
 
 # How the tiled int4 GEMVs stream their weights: "ring-staged-x" (each warp's next tiles in registers, x
-# staged) or "bulk" (NVFP4's bulk pipeline with int4's arithmetic, where K % 256 == 0: a tile's 40-byte
-# record then lands 16-byte aligned; gate, up and SiLU-mul can share its launch). Read at each call
-# (tools/bench.py --ab-int4-pipeline). Bulk since stop 44 (one H100, adjacent: the 27B's int4 C = 1 120.9
-# -> 136.1 tok/s, C = 8 831.3 -> 834.3).
+# staged), "bulk" (NVFP4's bulk pipeline with int4's arithmetic, where K % 256 == 0: a tile's 40-byte
+# record then lands 16-byte aligned; gate, up and SiLU-mul can share its launch) or "bulk-staged-x" (at one
+# row the bulk pipeline with a persistent grid that stages x once a block, csrc gemv_bulk_persistent; more rows
+# as bulk). Read at each call (tools/bench.py --ab-int4-pipeline). Bulk since stop 44 (one H100, adjacent:
+# the 27B's int4 C = 1 120.9 -> 136.1 tok/s, C = 8 831.3 -> 834.3); bulk-staged-x is GPU-unmeasured.
 INT4_PIPELINE = os.environ.get("NINFER_INT4_PIPELINE", "bulk")
-INT4_PIPELINES = ("ring", "ring-staged-x", "bulk")
+INT4_PIPELINES = ("ring", "ring-staged-x", "bulk", "bulk-staged-x")
+INT4_BULK = ("bulk", "bulk-staged-x")  # those that need K % 256 == 0 and can write SiLU(gate) * up (glu)
+PIPELINE_IDS = {**PIPELINES, "bulk-staged-x": 5}  # csrc Pipeline (bulk-staged-x: tiled int4's alone)
 if INT4_PIPELINE not in INT4_PIPELINES:
     raise ValueError(f"NINFER_INT4_PIPELINE={INT4_PIPELINE!r}: one of {INT4_PIPELINES}")
 
@@ -350,12 +353,12 @@ if INT4_PIPELINE not in INT4_PIPELINES:
 def int4_pipeline_for(k: int) -> str:
     """The pipeline a tiled int4 GEMV of K runs by default: INT4_PIPELINE as it is now, the staged ring
     where the bulk pipeline cannot take K."""
-    return INT4_PIPELINE if INT4_PIPELINE != "bulk" or k % 256 == 0 else "ring-staged-x"
+    return INT4_PIPELINE if INT4_PIPELINE not in INT4_BULK or k % 256 == 0 else "ring-staged-x"
 
 
 def int4_uses_glu(k: int) -> bool:
     """Whether the engine's tiled int4 SwiGLU launch of K writes SiLU(gate) * up itself (FUSED_GLU, bulk)."""
-    return FUSED_GLU and int4_pipeline_for(k) == "bulk"
+    return FUSED_GLU and int4_pipeline_for(k) in INT4_BULK
 
 
 def int4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int] | None = None,
@@ -363,17 +366,17 @@ def int4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int
                     glu: bool = False) -> list[torch.Tensor]:
     """int4_gemv of 1 to 3 weights (qweight, scale, zero_point) that read the same x, as one launch.
     `tiled`: every weight tile_int4's (codes, records, None), streamed by `pipeline` (INT4_PIPELINES;
-    None: int4_pipeline_for's); the row-major codes take the ring. `glu` (tiled, bulk): the weights are
-    gate and up of one N -> [SiLU(x @ gate^T) * (x @ up^T)], as nvfp4_gemv_group's."""
+    None: int4_pipeline_for's); the row-major codes take the ring. `glu` (tiled, INT4_BULK): the weights
+    are gate and up of one N -> [SiLU(x @ gate^T) * (x @ up^T)], as nvfp4_gemv_group's."""
     rows = [q.shape[0] * (16 if tiled else 1) for q, _, _ in weights]
     pipeline = pipeline or (int4_pipeline_for(x.shape[1]) if tiled else "ring")
-    if glu and (pipeline != "bulk" or len(weights) != 2):
+    if glu and (pipeline not in INT4_BULK or len(weights) != 2):
         raise ValueError(f"glu: gate and up in the bulk pipeline (tiled), not {len(weights)} weights in {pipeline!r}")
     ys = _outputs(x, rows[:1] if glu else rows)
-    warps, depth = shape or (bulk_shape(x.shape[1]) if pipeline == "bulk" else gemv_shape(sum(rows), x.shape[1], x.device))
+    warps, depth = shape or (bulk_shape(x.shape[1]) if pipeline in INT4_BULK else gemv_shape(sum(rows), x.shape[1], x.device))
     _raise_refusal(torch.ops.ninfer.int4_gemv(x.contiguous(), [q for q, _, _ in weights], [s for _, s, _ in weights],
                                               [z for _, _, z in weights], ys, warps, depth, tiled, pdl,
-                                              PIPELINES[pipeline], glu))
+                                              PIPELINE_IDS[pipeline], glu))
     return ys
 
 

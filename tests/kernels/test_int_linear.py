@@ -64,7 +64,8 @@ def test_dequantize_reads_the_tiled_layout(symmetric):
                                     (2, 64, 1280)])
 def test_cuda_int4_gemv_matches_reference(m, n, kk, symmetric):
     """Row-major and tiled, every pipeline and shape: the reference's float32 sums rounded once. The bulk
-    pipeline where K % 256 == 0 (K = 1280: a slot's last chunk holds 2 of its 8 or 4 tiles)."""
+    pipelines where K % 256 == 0 (K = 1280: a slot's last chunk holds 2 of its 8 or 4 tiles; bulk-staged-x
+    at one row is its own persistent kernel, at more rows bulk's)."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
@@ -81,9 +82,10 @@ def test_cuda_int4_gemv_matches_reference(m, n, kk, symmetric):
             (out,) = cuda_ops.int4_gemv_group(x, [(*tiled, None)], shape, tiled=True,
                                               pipeline=pipeline)
             assert out.shape == (m, n) and rounded_once(out, ref), (shape, pipeline)
-    for shape in sorted(cuda_ops.BULK_SHAPES) if kk % 256 == 0 else ():
-        (out,) = cuda_ops.int4_gemv_group(x, [(*tiled, None)], shape, tiled=True, pipeline="bulk")
-        assert out.shape == (m, n) and rounded_once(out, ref), (shape, "bulk")
+    for pipeline, shapes in (("bulk", cuda_ops.BULK_SHAPES), ("bulk-staged-x", cuda_ops.STAGED_BULK_SHAPES)):
+        for shape in sorted(shapes) if kk % 256 == 0 else ():
+            (out,) = cuda_ops.int4_gemv_group(x, [(*tiled, None)], shape, tiled=True, pipeline=pipeline)
+            assert out.shape == (m, n) and rounded_once(out, ref), (shape, pipeline)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
@@ -100,17 +102,18 @@ def test_cuda_int4_gemv_group_gives_each_weight_its_own_product(m):
     outs = cuda_ops.int4_gemv_group(x, [(p["qweight"], p["scale"], p.get("zero_point")) for p in parts])
     tiled_parts = [(*cuda_ops.tile_int4(p["qweight"], p["scale"], p.get("zero_point")), None) for p in parts]
     tiled = cuda_ops.int4_gemv_group(x, tiled_parts, tiled=True, pipeline="ring-staged-x")
-    bulk = cuda_ops.int4_gemv_group(x, tiled_parts, tiled=True, pipeline="bulk")
-    for out, out_tiled, out_bulk, p in zip(outs, tiled, bulk, parts):
+    bulk = [cuda_ops.int4_gemv_group(x, tiled_parts, tiled=True, pipeline=pipeline) for pipeline in cuda_ops.INT4_BULK]
+    for i, (out, out_tiled, p) in enumerate(zip(outs, tiled, parts)):
         ref = k.reference(x, p["qweight"], p["scale"], p.get("zero_point"), 4, 128)
-        assert rounded_once(out, ref) and rounded_once(out_tiled, ref) and rounded_once(out_bulk, ref)
+        assert rounded_once(out, ref) and rounded_once(out_tiled, ref)
+        assert all(rounded_once(ys[i], ref) for ys in bulk)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 @pytest.mark.parametrize("m,n,kk", [(1, 17408, 5120), (3, 1024, 5120), (12, 1024, 5120), (1, 64, 1280)])
 def test_cuda_int4_glu_is_silu_of_gate_times_up(m, n, kk):
-    """gate (zero points) and up (symmetric) in one launch of the bulk pipeline -> SiLU(gate) * up from the
-    float32 sums, rounded once, in each of its shapes (K = 1280: a partial last slot); the ring refuses."""
+    """gate (zero points) and up (symmetric) in one launch of the bulk pipelines -> SiLU(gate) * up from the
+    float32 sums, rounded once, in each of their shapes (K = 1280: a partial last slot); the ring refuses."""
     from ninfer_run.kernels import cuda_ops
 
     if not cuda_ops.available():
@@ -120,9 +123,10 @@ def test_cuda_int4_glu_is_silu_of_gate_times_up(m, n, kk):
     want = torch.nn.functional.silu(k.reference(x, gate["qweight"], gate["scale"], gate["zero_point"], 4, 128)) * \
         k.reference(x, up["qweight"], up["scale"], None, 4, 128)
     weights = [(*cuda_ops.tile_int4(w["qweight"], w["scale"], w.get("zero_point")), None) for w in (gate, up)]
-    for shape in sorted(cuda_ops.BULK_SHAPES):
-        (out,) = cuda_ops.int4_gemv_group(x, weights, shape, tiled=True, pipeline="bulk", glu=True)
-        assert out.shape == (m, n) and rounded_once(out, want), shape
+    for pipeline, shapes in (("bulk", cuda_ops.BULK_SHAPES), ("bulk-staged-x", cuda_ops.STAGED_BULK_SHAPES)):
+        for shape in sorted(shapes):
+            (out,) = cuda_ops.int4_gemv_group(x, weights, shape, tiled=True, pipeline=pipeline, glu=True)
+            assert out.shape == (m, n) and rounded_once(out, want), (shape, pipeline)
     with pytest.raises(ValueError, match="bulk pipeline"):
         cuda_ops.int4_gemv_group(x, weights, (8, 2), tiled=True, pipeline="ring-staged-x", glu=True)
 
@@ -130,7 +134,7 @@ def test_cuda_int4_glu_is_silu_of_gate_times_up(m, n, kk):
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 def test_int4_mlp_writes_silu_mul_in_gate_and_ups_launch_where_the_bulk_pipeline_runs(monkeypatch):
     """layers.swiglu_mlp over int4 QuantizedLinear weights (tiled at construction): with INT4_PIPELINE
-    bulk and FUSED_GLU, gate and up are one launch that writes SiLU(gate) * up (no SiLU-mul kernel); with
+    bulk (or bulk-staged-x) and FUSED_GLU, gate and up are one launch that writes SiLU(gate) * up; with
     the staged ring, two GEMV outputs and silu_mul. Both the float32 reference MLP to bf16 rounding."""
     from ninfer_run import layers
     from ninfer_run.kernels import cuda_ops
@@ -155,7 +159,7 @@ def test_int4_mlp_writes_silu_mul_in_gate_and_ups_launch_where_the_bulk_pipeline
 
     monkeypatch.setattr(cuda_ops, "int4_gemv_group", counted)
     monkeypatch.setattr(cuda_ops, "FUSED_GLU", True)
-    for pipeline, fused in (("bulk", True), ("ring-staged-x", False)):
+    for pipeline, fused in (("bulk", True), ("bulk-staged-x", True), ("ring-staged-x", False)):
         monkeypatch.setattr(cuda_ops, "INT4_PIPELINE", pipeline)
         scratch = Scratch()
         w = {name: QuantizedLinear(scheme, {r: t.clone() for r, t in p.items()}, shapes[name], scratch,

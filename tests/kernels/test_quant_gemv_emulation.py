@@ -472,6 +472,10 @@ def test_int4_pipeline_choice_and_glu_refusal(monkeypatch):
     assert cuda_ops.int4_uses_glu(17408) and not cuda_ops.int4_uses_glu(128)
     monkeypatch.setattr(cuda_ops, "FUSED_GLU", False)
     assert not cuda_ops.int4_uses_glu(5120)
+    monkeypatch.setattr(cuda_ops, "FUSED_GLU", True)
+    monkeypatch.setattr(cuda_ops, "INT4_PIPELINE", "bulk-staged-x")  # (one row: its persistent kernel)
+    assert cuda_ops.int4_pipeline_for(5120) == "bulk-staged-x" and cuda_ops.int4_pipeline_for(384) == "ring-staged-x"
+    assert cuda_ops.int4_uses_glu(5120) and cuda_ops.PIPELINE_IDS["bulk-staged-x"] not in cuda_ops.PIPELINES.values()
     monkeypatch.setattr(cuda_ops, "INT4_PIPELINE", "ring-staged-x")
     monkeypatch.setattr(cuda_ops, "FUSED_GLU", True)
     assert cuda_ops.int4_pipeline_for(5120) == "ring-staged-x" and not cuda_ops.int4_uses_glu(5120)

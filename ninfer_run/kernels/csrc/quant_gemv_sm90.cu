@@ -291,6 +291,10 @@ struct Nvfp4Columns : Nvfp4Tiled {
     ag = {__ldg(tile_scales(args, n0, K, kt, g, c))};
     ah = {};
   }
+  __device__ static void slot_rows(RowAux& ag, RowAux& ah, const uint8_t* side, int lane) {  // (a bulk slot's)
+    ag = {*reinterpret_cast<const uint32_t*>(side + 4 * lane)};
+    ah = {};
+  }
   template <bool kHighTokens>
   __device__ static void tile(float (&d)[2][2][4], const uint4& wg, const uint4& wh, const RowAux& ag,
                               const RowAux&, const uint4 (&x)[4], const uint4 (&)[4]) {
@@ -908,24 +912,27 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
   if (warp == 0) write_rows<Codec, kHighTokens, kWarps, kGlu>(partial, parts, blockIdx.x, block * 16, M, lane);
 }
 
-// One token in the bulk pipeline with Nvfp4Columns' arithmetic (pipeline bulk-block-columns): the producer
-// streams the block's strips as gemv_bulk's does, so the bytes in flight cost shared memory, not registers
-// (the ring holds kDepth tiles a warp in registers, 64 of them at its 4 blocks a SM); the consumers stage x
-// once (times 2^100, then the 64 zero bytes: after the slots) and take each tile with ring-block-columns'
-// arithmetic (with the barrier work, ~155 SASS instructions a tile against the bulk row form's 174). The
-// grid is persistent, as ring-block-columns': block b takes strips b, b + grid, ..., and its slots run on
-// from strip to strip (gate and up's strips are 5 chunks: one strip a block would drain the slots each time).
-// Stage: x as it is (PlainX) or through the layer's add + RMSNorm (NinferAddNorm, staged once a block, so
-// a persistent grid pays it ~400 times a launch, not once a strip). kGlu (gate and up of one N): a strip is
-// gate's 16 rows, then up's, streamed one after the other, and the block writes SiLU(gate) * up
-// (write_rows): a one-row MLP is then two GEMVs back to back, each the next's programmatic dependent (a
-// kernel between them, norm or SiLU-mul, exposes the persistent grid's start and end: stop 25's chain).
-template <int kWarps, int kStages, class Stage, bool kGlu>
-__global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_bulk_columns(
-    const __nv_bfloat16* __restrict__ x, const Parts<Nvfp4::Args> parts, int M, int K, const Stage stage) {
-  constexpr int kCodes = kWarps * 1024, kScales = kWarps * 128;  // a slot's bytes
-  constexpr int kWeights = kGlu ? 2 : 1;                          // the weights a strip streams
-  extern __shared__ __align__(128) uint8_t slots[];              // codes, scales [kStages][...], then x
+// One token in the bulk pipeline with a persistent grid (pipelines bulk-block-columns, NVFP4, and
+// bulk-staged-x, int4): the producer streams the block's strips as gemv_bulk's does, so the bytes in flight
+// cost shared memory, not registers (the ring holds kDepth tiles a warp in registers, 64 of them at its 4
+// blocks a SM); block b takes strips b, b + grid, ..., as ring-block-columns', and its slots run on from strip
+// to strip (gate and up's strips are 5 chunks: one strip a block would drain the slots each time); the
+// consumers stage x once a block (after the slots). Codec::kBlockColumns (Nvfp4Columns): x times 2^100, then
+// the 64 zero bytes, and each tile with ring-block-columns' arithmetic (with the barrier work, ~155 SASS
+// instructions a tile against the bulk row form's 174); Stage: x as it is (PlainX) or through the layer's add
+// + RMSNorm (NinferAddNorm, staged once a block, so a persistent grid pays it ~400 times a launch, not once a
+// strip). Otherwise (Int4Tiled) x as it is and the row form's arithmetic: a tile's x is two shared-memory
+// loads, not gemv_bulk's four through L1 (its scale is one a row a tile: no block-columns form applies).
+// kGlu (gate and up of one N): a strip is gate's 16 rows, then up's, streamed one after the other, and the
+// block writes SiLU(gate) * up (write_rows): a one-row MLP is then two GEMVs back to back, each the next's
+// programmatic dependent (a kernel between them, norm or SiLU-mul, exposes the persistent grid's start and
+// end: stop 25's chain).
+template <class Codec, int kWarps, int kStages, class Stage, bool kGlu>
+__global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_bulk_persistent(
+    const __nv_bfloat16* __restrict__ x, const Parts<typename Codec::Args> parts, int M, int K, const Stage stage) {
+  constexpr int kCodes = kWarps * 1024, kSides = kWarps * Codec::kSideBytes;  // a slot's bytes
+  constexpr int kWeights = kGlu ? 2 : 1;                                       // the weights a strip streams
+  extern __shared__ __align__(128) uint8_t slots[];  // codes, sides [kStages][...], then x
   __shared__ uint64_t full[kStages], empty[kStages];
   asm volatile("griddepcontrol.launch_dependents;");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -938,25 +945,34 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_b
 #pragma unroll
         for (int w = 0; w < kWeights; ++w, first += chunks) {
           const int part = kGlu ? w : part_of(parts, strip);
-          produce_chunks<Nvfp4Columns, kWarps, kStages, 1>(slots, full, empty, parts, part,
-                                             kGlu ? strip : strip - pick(parts.first_block, part), tiles, first);
+          produce_chunks<Codec, kWarps, kStages, 1>(slots, full, empty, parts, part,
+                                                    kGlu ? strip : strip - pick(parts.first_block, part), tiles, first);
         }
       }
     }
     return;
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
-  uint4* x_staged = reinterpret_cast<uint4*>(slots + kStages * (kCodes + kScales));
-  if constexpr (std::is_same_v<Stage, NinferAddNorm>) stage_add_norm<kWarps, true>(x_staged, x, stage, K);
-  else stage_x_columns<kWarps * 32>(x_staged, x, K);
+  uint4* x_staged = reinterpret_cast<uint4*>(slots + kStages * (kCodes + kSides));
+  if constexpr (!Codec::kBlockColumns) {
+    static_assert(std::is_same_v<Stage, PlainX>, "the row form stages x as it is");
+    const uint4* rows = reinterpret_cast<const uint4*>(x);
+    for (int i = threadIdx.x; i < K / 8; i += kWarps * 32) x_staged[i] = __ldg(rows + i);
+  } else if constexpr (std::is_same_v<Stage, NinferAddNorm>) {
+    stage_add_norm<kWarps, true>(x_staged, x, stage, K);
+  } else {
+    stage_x_columns<kWarps * 32>(x_staged, x, K);
+  }
   sync_consumers<kWarps>();
-  // Nvfp4Columns' x addresses, as gemv_strip's (written out there too: as a shared helper it rescheduled the
-  // measured block-columns loop)
+  // Each lane's 32 values of each of its warp's tiles (K 128 kt + 32 c ..); Nvfp4Columns' lanes g != 2c read
+  // the zeros after x instead. (As gemv_strip's, written out there too: as a shared helper it rescheduled the
+  // measured block-columns loop.)
   const int g = lane >> 2, c = lane & 3;
-  const uint32_t x_step = g == 2 * c ? 2 * kTileK * kWarps : 0;  // bytes from a chunk's tile to the next's
-  const uint32_t x_first = shared_address(x_staged) + (g == 2 * c ? 64 * c + 2 * kTileK * warp : 2 * K);
-  const uint8_t* codes = slots + warp * 1024 + 16 * lane;  // slot 0's, this lane's
-  const uint8_t* scales = slots + kStages * kCodes + warp * 128 + 4 * lane;
+  const bool reads_x = !Codec::kBlockColumns || g == 2 * c;
+  const uint32_t x_step = reads_x ? 2 * kTileK * kWarps : 0;  // bytes from a chunk's tile to the next's
+  const uint32_t x_first = shared_address(x_staged) + (reads_x ? 64 * c + 2 * kTileK * warp : 2 * K);
+  const uint8_t* codes = slots + warp * 1024 + 16 * lane;                      // slot 0's, this lane's
+  const uint8_t* sides = slots + kStages * kCodes + warp * Codec::kSideBytes;  // slot 0's, this warp's tile's
   __shared__ float partial[kWeights * kWarps][1][4][32];  // (glu: gate's warps, then up's)
   uint32_t slot = 0, parity = 0;  // the block's chunk count so far, % kStages and / kStages % 2
   for (int strip = blockIdx.x; strip < strips; strip += gridDim.x) {
@@ -968,27 +984,28 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_b
         barrier_wait(&full[slot], parity);
         const uint4 wg = *reinterpret_cast<const uint4*>(codes + slot * kCodes);
         const uint4 wh = *reinterpret_cast<const uint4*>(codes + slot * kCodes + 512);
-        const uint32_t both = *reinterpret_cast<const uint32_t*>(scales + slot * kScales);
+        typename Codec::RowAux ag, ah;
+        Codec::slot_rows(ag, ah, sides + slot * kSides, lane);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (as gemv_bulk's: reads before refill)
         barrier_arrive(&empty[slot]);
         if (j * kWarps + warp < tiles) {  // (a partial last chunk)
           uint4 xl[4], none[4];
           load_shared(xl[0], xl[1], x_next);
           load_shared(xl[2], xl[3], x_next + 32);
-          Nvfp4Columns::tile<false>(d, wg, wh, {both}, {}, xl, none);
+          Codec::template tile<false>(d, wg, wh, ag, ah, xl, none);
         }
         x_next += x_step;
         if (++slot == kStages) slot = 0, parity ^= 1;
       }
-      Nvfp4Columns::finish(d);
+      Codec::finish(d);
       if (w == 0 && strip != blockIdx.x) sync_consumers<kWarps>();  // warp 0 has read the last strip's sums
       store_partial<false>(partial[w * kWarps + warp], d, lane);
     }
     sync_consumers<kWarps>();
     if (warp == 0) {
       const int part = kGlu ? 0 : part_of(parts, strip);
-      write_rows<Nvfp4Columns, false, kWeights * kWarps, kGlu>(partial, parts, strip,
-                                                               (strip - pick(parts.first_block, part)) * 16, M, lane);
+      write_rows<Codec, false, kWeights * kWarps, kGlu>(partial, parts, strip,
+                                                        (strip - pick(parts.first_block, part)) * 16, M, lane);
     }
   }
 }
@@ -1094,15 +1111,15 @@ cudaError_t launch_bulk(const void* x, const Parts<typename Codec::Args>& parts,
   return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, M, K);
 }
 
-// A bulk-block-columns launch (one row): as many blocks as fit at once (the kernel walks the strips: glu,
-// gate's), each with the slots, then x and its 64 zero bytes, past the default 48 KB by opting in once a
-// kernel to what a block can have; refused where they exceed it. (The occupancy is asked on every launch:
-// free in a CUDA graph, a few us on an eager step.)
-template <int kWarps, int kStages, class Stage, bool kGlu>
-cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, int strips, int K, bool pdl,
-                                const Stage& stage, cudaStream_t stream) {
-  auto* kernel = gemv_bulk_columns<kWarps, kStages, Stage, kGlu>;
-  static const int most_bytes = [kernel] {
+// A persistent bulk launch of one row (gemv_bulk_persistent): as many blocks as fit at once,
+// each with its slots and x_bytes after them, past the default 48 KB by opting in once a kernel to what a
+// block can have; refused where they exceed it. (The occupancy is asked on every launch: free in a CUDA
+// graph, a few us on an eager step.) The kernel is a template argument: each has its own opt-in (kernels of
+// one signature would share a static otherwise).
+template <int kWarps, auto kernel, class... Args>
+cudaError_t launch_persistent_bulk(int slot_bytes, int x_bytes, int strips, bool pdl, cudaStream_t stream,
+                                   Args... args) {
+  static const int most_bytes = [] {
     int device = 0, optin = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -1111,14 +1128,39 @@ cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, 
     const int most = optin - static_cast<int>(attributes.sharedSizeBytes);
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most) == cudaSuccess ? most : 0;
   }();
-  const int shared = bulk_shared_bytes<Nvfp4Columns, kWarps, kStages>() + K * 2 + 64;
+  const int shared = slot_bytes + x_bytes;
   if (shared > most_bytes) return cudaErrorInvalidValue;
   int device = 0, sms = 0, per_sm = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (kWarps + 1) * 32, shared);
   Launch l(std::min(strips, std::max(per_sm, 1) * sms), (kWarps + 1) * 32, shared, pdl, stream);
-  return cudaLaunchKernelEx(&l.config, kernel, static_cast<const __nv_bfloat16*>(x), parts, 1, K, stage);
+  return cudaLaunchKernelEx(&l.config, kernel, args...);
+}
+
+// A bulk-block-columns launch (one row; the kernel walks the strips: glu, gate's): x and its 64 zero bytes
+// after the slots.
+template <int kWarps, int kStages, class Stage, bool kGlu>
+cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, int strips, int K, bool pdl,
+                                const Stage& stage, cudaStream_t stream) {
+  return launch_persistent_bulk<kWarps, gemv_bulk_persistent<Nvfp4Columns, kWarps, kStages, Stage, kGlu>>(
+      bulk_shared_bytes<Nvfp4Columns, kWarps, kStages>(), K * 2 + 64, strips, pdl, stream,
+      static_cast<const __nv_bfloat16*>(x), parts, 1, K, stage);
+}
+
+// A bulk-staged-x launch (one row, the kernel walks the strips: glu, gate's) in bulk_shape's shapes (8 warps
+// and 4 slots, 4 and 8); x after the slots.
+template <class Codec, bool kGlu>
+cudaError_t dispatch_bulk_staged(const void* x, const Parts<typename Codec::Args>& parts, int strips, int K, int warps,
+                                 int depth, bool pdl, cudaStream_t stream) {
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  switch (warps * 10 + depth) {
+    case 48: return launch_persistent_bulk<4, gemv_bulk_persistent<Codec, 4, 8, PlainX, kGlu>>(
+        bulk_shared_bytes<Codec, 4, 8>(), K * 2, strips, pdl, stream, xb, parts, 1, K, PlainX{});
+    case 84: return launch_persistent_bulk<8, gemv_bulk_persistent<Codec, 8, 4, PlainX, kGlu>>(
+        bulk_shared_bytes<Codec, 8, 4>(), K * 2, strips, pdl, stream, xb, parts, 1, K, PlainX{});
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 // The bulk pipeline's (consumer warps, slots) in {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}; blocks: the
@@ -1211,7 +1253,8 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
   using ninfer_sm90::Nvfp4;
   const bool bulk = pipeline == ninfer_sm90::kBulk || pipeline == ninfer_sm90::kBulkBlockColumns;
   const bool columns = pipeline == ninfer_sm90::kRingBlockColumns || pipeline == ninfer_sm90::kBulkBlockColumns;
-  if (count < 1 || count > ninfer_sm90::kMaxParts || (glu && (count != 2 || n[0] != n[1] || !tiled || !bulk)) ||
+  if (count < 1 || count > ninfer_sm90::kMaxParts || pipeline == ninfer_sm90::kBulkStagedX ||
+      (glu && (count != 2 || n[0] != n[1] || !tiled || !bulk)) ||
       (norm != nullptr && (!tiled || M != 1 || !columns || norm->weight == nullptr)))
     return static_cast<int>(cudaErrorInvalidValue);
   Nvfp4::Args args[ninfer_sm90::kMaxParts];
@@ -1239,7 +1282,8 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
                           bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream) {
   using ninfer_sm90::Int4;
   using ninfer_sm90::Int4Tiled;
-  const bool bulk = pipeline == ninfer_sm90::kBulk;  // (tiled, K % 256 == 0: Int4Tiled::kSideBytes)
+  // (the bulk ones: tiled, K % 256 == 0, Int4Tiled::kSideBytes; bulk-staged-x at more rows: bulk's)
+  const bool bulk = pipeline == ninfer_sm90::kBulk || pipeline == ninfer_sm90::kBulkStagedX;
   if (count < 1 || count > ninfer_sm90::kMaxParts || pipeline == ninfer_sm90::kRingBlockColumns ||
       pipeline == ninfer_sm90::kBulkBlockColumns || (!tiled && pipeline != ninfer_sm90::kRing) ||
       (bulk && K % 256 != 0) || (glu && (count != 2 || n[0] != n[1] || !bulk)))
@@ -1250,7 +1294,10 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
   ninfer_sm90::Parts<Int4::Args> parts;
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, glu ? 1 : count, n);
   cudaError_t err;
-  if (bulk)
+  if (pipeline == ninfer_sm90::kBulkStagedX && M == 1)
+    err = glu ? ninfer_sm90::dispatch_bulk_staged<Int4Tiled, true>(x, parts, blocks / 2, K, warps, depth, pdl, stream)
+              : ninfer_sm90::dispatch_bulk_staged<Int4Tiled, false>(x, parts, blocks, K, warps, depth, pdl, stream);
+  else if (bulk)
     err = glu ? ninfer_sm90::dispatch_bulk<Int4Tiled, true>(x, parts, blocks / 2, M, K, warps, depth, pdl, stream)
               : ninfer_sm90::dispatch_bulk<Int4Tiled, false>(x, parts, blocks, M, K, warps, depth, pdl, stream);
   else if (tiled)

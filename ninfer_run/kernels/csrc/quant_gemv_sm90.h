@@ -7,8 +7,9 @@ namespace ninfer_sm90 {
 // ring with x staged in shared memory (the tiled layouts, M <= 8, x and the partial sums within 48 KB; else
 // the plain ring), the bulk-copy pipeline (the tiled layouts; int4 where K % 256 == 0), or the staged ring
 // with the block scales as MMA columns at M = 1 (Nvfp4Columns, tiled NVFP4; other rows as ring-staged-x), or
-// the bulk-copy pipeline with Nvfp4Columns' arithmetic at M = 1 (other rows as bulk).
-enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3, kBulkBlockColumns = 4 };
+// the bulk-copy pipeline with Nvfp4Columns' arithmetic at M = 1 (other rows as bulk), or (tiled int4) the
+// bulk-copy pipeline with a persistent grid and x staged at M = 1 (other rows as bulk).
+enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3, kBulkBlockColumns = 4, kBulkStagedX = 5 };
 }  // namespace ninfer_sm90
 
 // The RMSNorm a one-token block-columns launch (ring or bulk) applies to x as it stages it, so a layer's residual
