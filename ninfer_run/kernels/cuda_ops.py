@@ -380,6 +380,41 @@ def int4_gemv_group(x: torch.Tensor, weights: list[tuple], shape: tuple[int, int
     return ys
 
 
+def int4_norm_gemv_fits(x: torch.Tensor, rows: list[int], norm_weight: torch.Tensor, glu: bool = False) -> bool:
+    """Whether int4_norm_gemv_group takes this: FUSED_NORM, tiled int4 weights of `rows` (their N) whose one
+    bf16 row of K runs bulk-staged-x (int4_pipeline_for; glu: two of one N), a bf16 norm weight of K, and the
+    slots, x, the partials and the warps' sums within the 227 KB a Hopper block can opt in to."""
+    m, k = x.shape
+    if not (FUSED_NORM and m == 1 and norm_weight.dtype == torch.bfloat16 and norm_weight.numel() == k
+            and int4_pipeline_for(k) == "bulk-staged-x" and gemv_fits(x, sum(rows))):
+        return False
+    if glu and (len(rows) != 2 or rows[0] != rows[1]):
+        return False
+    warps, depth = bulk_shape(k)
+    partial_bytes = 512 * warps * (2 if glu else 1)
+    return depth * warps * (1024 + 40) + 2 * k + partial_bytes + 4 * warps + 128 <= 227 * 1024
+
+
+def int4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                         offset: float, weights: list[tuple], normed: bool = False, shape: tuple[int, int] | None = None,
+                         pdl: bool = PDL, glu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+    """nvfp4_norm_gemv_group for tiled int4 weights (tile_int4's (codes, records, None)) in bulk-staged-x:
+    one row x [1, K] -> (x + residual, RMSNorm of it if `normed`, [RMSNorm @ W^T for W in weights]) in one
+    launch whose blocks stage the normed row themselves; `glu`: gate and up -> [SiLU(gate) * up]."""
+    if glu and len(weights) != 2:
+        raise ValueError(f"glu: gate and up, not {len(weights)} weights")
+    rows = [q.shape[0] * 16 for q, _, _ in weights]
+    ys = _outputs(x, rows[:1] if glu else rows)
+    s = torch.empty_like(x) if residual is not None else x
+    y = torch.empty_like(x) if normed else None
+    shape = shape or bulk_shape(x.shape[1])
+    _raise_refusal(torch.ops.ninfer.int4_norm_gemv(
+        x.contiguous(), residual.contiguous() if residual is not None else None, norm_weight.contiguous(),
+        s if residual is not None else None, y, float(eps), float(offset), [q for q, _, _ in weights],
+        [r for _, r, _ in weights], ys, *shape, pdl, PIPELINE_IDS["bulk-staged-x"], glu))
+    return s, y, ys
+
+
 def _raise_refusal(message: str) -> None:
     """The ops return why they refused or failed instead of raising in C++ (csrc/ops.cpp: guarded)."""
     if message:

@@ -98,15 +98,25 @@ class QuantizedLinear:
     def group_after_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                          offset: float, weights: list, normed: bool, glu: bool = False) -> tuple | None:
         """layers.add_rms_norm_linear_group as one launch: (x + residual, its RMSNorm if `normed`, that norm
-        @ W^T for each weight) where the one-row NVFP4 GEMV stages the norm itself (cuda_ops.norm_gemv_fits:
-        tiled NVFP4, one bf16 row), else None. `glu`: weights are gate and up -> [SiLU(gate) * up] as the
-        outputs, where the launch writes it (cuda_ops.uses_glu), else None."""
+        @ W^T for each weight) where the one-row GEMV stages the norm itself (cuda_ops.norm_gemv_fits: tiled
+        NVFP4; int4_norm_gemv_fits: tiled int4 in bulk-staged-x), else None. `glu`: weights are gate and up ->
+        [SiLU(gate) * up] as the outputs, where the launch writes it (cuda_ops.uses_glu), else None."""
         k = x.shape[-1]
         if (not x.is_cuda or x.numel() != k or len(weights) > MAX_GROUP or x.dtype != torch.bfloat16
                 or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype))):
             return None
         x2 = x.reshape(1, k)
-        if not all(isinstance(w, QuantizedLinear) and w._cuda_gemv(x2) == "nvfp4" for w in weights):
+        kernels = {w._cuda_gemv(x2) if isinstance(w, QuantizedLinear) else None for w in weights}
+        h = residual.reshape(1, k) if residual is not None else None
+        if kernels == {"int4-tiled"}:
+            rows = [w.shape[0] for w in weights]
+            if (glu and not cuda_ops.int4_uses_glu(k)) or not cuda_ops.int4_norm_gemv_fits(x2, rows, norm_weight, glu=glu):
+                return None
+            s, y, ys = cuda_ops.int4_norm_gemv_group(x2, h, norm_weight, eps, offset,
+                                                     [(w.parts["qweight"], w.parts["scale"], None) for w in weights],
+                                                     normed=normed, glu=glu)
+            return QuantizedLinear._shaped(x, s, y, ys, weights)
+        if kernels != {"nvfp4"}:
             return None
         mlp = weights[0].mlp
         if glu and not cuda_ops.uses_glu(1, mlp):
@@ -115,9 +125,13 @@ class QuantizedLinear:
         pipeline = cuda_ops.pipeline_for(mlp=mlp)
         if not cuda_ops.norm_gemv_fits(x2, parts, norm_weight, glu=glu, pipeline=pipeline):
             return None
-        s, y, ys = cuda_ops.nvfp4_norm_gemv_group(x2, residual.reshape(1, k) if residual is not None else None,
-                                                  norm_weight, eps, offset, parts, normed=normed, glu=glu,
+        s, y, ys = cuda_ops.nvfp4_norm_gemv_group(x2, h, norm_weight, eps, offset, parts, normed=normed, glu=glu,
                                                   pipeline=pipeline)
+        return QuantizedLinear._shaped(x, s, y, ys, weights)
+
+    @staticmethod
+    def _shaped(x: torch.Tensor, s: torch.Tensor, y: torch.Tensor | None, ys: list[torch.Tensor], weights: list) -> tuple:
+        """A one-row norm launch's outputs in x's shape (group_after_norm)."""
         return (s.view(x.shape), y.view(x.shape) if y is not None else None,
                 [out.reshape(*x.shape[:-1], w.shape[0]) for out, w in zip(ys, weights)])
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ninfer_pack.quant import quantize_int
-from tests.kernels.conftest import rounded_once
+from tests.kernels.conftest import rounded_once, within_one_rounding
 
 triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.gpu  # `pytest -m gpu`: compiled on a GPU, in Triton's interpreter elsewhere
@@ -20,6 +20,23 @@ def _weight(n, kk, bits, group, symmetric, seed):
     g = torch.Generator().manual_seed(seed)
     parts = quantize_int(torch.randn(n, kk, generator=g) * 0.05, bits, group, symmetric, "w")
     return {role: t.to(DEVICE) for role, t in parts.items()}
+
+
+MLP_SHAPES = {"gate": (512, 1280), "up": (512, 1280), "down": (1280, 512)}  # (N, K): K % 256 == 0, the bulk ones'
+
+
+def _mlp_parts() -> dict[str, dict]:
+    """An int4-g128 SwiGLU MLP's quantized parts (up symmetric, gate and down with zero points)."""
+    return {name: _weight(n, kk, 4, 128, name != "up", n + kk + i) for i, (name, (n, kk)) in enumerate(MLP_SHAPES.items())}
+
+
+def _mlp_weights(parts: dict[str, dict]):
+    """The engine's QuantizedLinear for each of _mlp_parts (tiled at construction, as the loader's)."""
+    from ninfer_run.kernels.linear import QuantizedLinear, Scratch
+
+    scheme, scratch = {"kind": "int", "bits": 4, "group_size": 128}, Scratch()
+    return {name: QuantizedLinear(scheme, {r: t.clone() for r, t in p.items()}, MLP_SHAPES[name], scratch,
+                                  f"layers.0.mlp.{name}_proj") for name, p in parts.items()}
 
 
 @pytest.mark.parametrize("bits,group,symmetric", SCHEMES)
@@ -138,17 +155,13 @@ def test_int4_mlp_writes_silu_mul_in_gate_and_ups_launch_where_the_bulk_pipeline
     the staged ring, two GEMV outputs and silu_mul. Both the float32 reference MLP to bf16 rounding."""
     from ninfer_run import layers
     from ninfer_run.kernels import cuda_ops
-    from ninfer_run.kernels.linear import QuantizedLinear, Scratch
 
     if not cuda_ops.available():
         pytest.skip("no sm_90 GPU or the extension did not build")
-    hidden, inter = 1280, 512
-    scheme = {"kind": "int", "bits": 4, "group_size": 128}
-    shapes = {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter)}
-    raw = {name: _weight(n, kk, 4, 128, name != "up", n + kk + i) for i, (name, (n, kk)) in enumerate(shapes.items())}
-    dense = {name: k.reference_dequantize(p["qweight"], p["scale"], p.get("zero_point"), 4, 128, shapes[name][1],
+    raw = _mlp_parts()
+    dense = {name: k.reference_dequantize(p["qweight"], p["scale"], p.get("zero_point"), 4, 128, MLP_SHAPES[name][1],
                                           torch.float32) for name, p in raw.items()}
-    x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(7)).to(DEVICE, DTYPE)
+    x = torch.randn(1, MLP_SHAPES["gate"][1], generator=torch.Generator().manual_seed(7)).to(DEVICE, DTYPE)
     want = (torch.nn.functional.silu(x.float() @ dense["gate"].T) * (x.float() @ dense["up"].T)) @ dense["down"].T
     glus = []
     launch = cuda_ops.int4_gemv_group
@@ -161,9 +174,7 @@ def test_int4_mlp_writes_silu_mul_in_gate_and_ups_launch_where_the_bulk_pipeline
     monkeypatch.setattr(cuda_ops, "FUSED_GLU", True)
     for pipeline, fused in (("bulk", True), ("bulk-staged-x", True), ("ring-staged-x", False)):
         monkeypatch.setattr(cuda_ops, "INT4_PIPELINE", pipeline)
-        scratch = Scratch()
-        w = {name: QuantizedLinear(scheme, {r: t.clone() for r, t in p.items()}, shapes[name], scratch,
-                                   f"layers.0.mlp.{name}_proj") for name, p in raw.items()}
+        w = _mlp_weights(raw)
         assert all(q.tiled for q in w.values())
         glus.clear()
         got = layers.swiglu_mlp(x, w["gate"], w["up"], w["down"])
@@ -192,3 +203,74 @@ def test_cuda_int4_gemv_refuses_what_it_has_no_kernel_for():
     with pytest.raises(RuntimeError, match=r"tiled: scale u8 \[N/16, K/128, 40\]"):  # the row-major scales
         cuda_ops.int4_gemv_group(x, [(tiled[0], p["scale"], None)], tiled=True)
 
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+@pytest.mark.parametrize("offset", [1.0, 0.0])
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("glu", [False, True])
+def test_cuda_int4_norm_gemv_stages_the_layers_add_and_norm(offset, residual, glu):
+    """int4_norm_gemv_group (one row, bulk-staged-x, both staged shapes): the residual sum exactly as torch
+    adds it, the normed row within one bf16 rounding of layers.rms_norm_reference, and each output the float32
+    product of that very row rounded once (glu: SiLU(gate) * up of it), so every block staged the row block
+    0 wrote. More strips than resident blocks (gate and up 17408 x 5120, three parts otherwise)."""
+    from ninfer_run import layers
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    kk = 5120
+    rows = (17408, 17408) if glu else (17408, 1040, 528)
+    parts = [_weight(n, kk, 4, 128, i % 2 == 0, n + i) for i, n in enumerate(rows)]
+    tiled = [(*cuda_ops.tile_int4(p["qweight"], p["scale"], p.get("zero_point")), None) for p in parts]
+    g = torch.Generator().manual_seed(int(offset) + 2 * residual + 4 * glu)
+    x = (torch.randn(1, kk, generator=g) * 3).to(DEVICE, DTYPE)
+    h = torch.randn(1, kk, generator=g).to(DEVICE, DTYPE) if residual else None
+    w = (torch.randn(kk, generator=g) * 0.1 + (0.0 if offset else 1.0)).to(DEVICE, DTYPE)
+    want_sum = x + h if residual else x
+    want_normed = layers.rms_norm_reference(want_sum, w, 1e-6, offset)
+
+    def products(row):
+        refs = [k.reference(row, p["qweight"], p["scale"], p.get("zero_point"), 4, 128) for p in parts]
+        return [torch.nn.functional.silu(refs[0]) * refs[1]] if glu else refs
+
+    for shape in sorted(cuda_ops.STAGED_BULK_SHAPES):
+        total, normed, outs = cuda_ops.int4_norm_gemv_group(x, h, w, 1e-6, offset, tiled, normed=True, shape=shape,
+                                                            glu=glu)
+        assert torch.equal(total, want_sum), shape
+        assert within_one_rounding(normed, want_normed), shape
+        assert len(outs) == len(products(normed)) and all(
+            rounded_once(out, want) for out, want in zip(outs, products(normed))), shape
+        _, none, again = cuda_ops.int4_norm_gemv_group(x, h, w, 1e-6, offset, tiled, shape=shape, glu=glu)
+        assert none is None and all(torch.equal(a, b) for a, b in zip(again, outs)), shape
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
+def test_int4_layer_norm_and_mlp_are_one_launch_where_bulk_staged_x_runs(monkeypatch):
+    """layers.add_rms_norm_swiglu_mlp over int4 QuantizedLinear weights at one row: with INT4_PIPELINE
+    bulk-staged-x (FUSED_NORM, FUSED_GLU) the residual add, the norm, gate, up and SiLU-mul are one launch,
+    then down's; the sum and the MLP's output those of the kernels apart (NINFER_FUSED_NORM=0) to bf16
+    rounding; in bulk no norm launch runs."""
+    from ninfer_run import layers
+    from ninfer_run.kernels import cuda_ops
+
+    if not cuda_ops.available():
+        pytest.skip("no sm_90 GPU or the extension did not build")
+    w = _mlp_weights(_mlp_parts())
+    hidden = MLP_SHAPES["gate"][1]
+    g = torch.Generator().manual_seed(3)
+    x, h = ((torch.randn(1, hidden, generator=g) * 2).to(DEVICE, DTYPE) for _ in range(2))
+    norm_w = (torch.randn(hidden, generator=g) * 0.1).to(DEVICE, DTYPE)
+    launches = []
+    launch = cuda_ops.int4_norm_gemv_group
+    monkeypatch.setattr(cuda_ops, "int4_norm_gemv_group", lambda *a, **kw: launches.append(kw.get("glu")) or launch(*a, **kw))
+    monkeypatch.setattr(cuda_ops, "FUSED_GLU", True)
+    results = {}
+    for pipeline, fused in (("bulk-staged-x", True), ("bulk-staged-x", False), ("bulk", True)):
+        monkeypatch.setattr(cuda_ops, "INT4_PIPELINE", pipeline)
+        monkeypatch.setattr(cuda_ops, "FUSED_NORM", fused)
+        launches.clear()
+        results[pipeline, fused] = layers.add_rms_norm_swiglu_mlp(x, h, norm_w, 1e-6, 1.0, w["gate"], w["up"], w["down"])
+        assert launches == ([True] if pipeline == "bulk-staged-x" and fused else []), (pipeline, fused, launches)
+    (s1, y1), (s0, y0) = results["bulk-staged-x", True], results["bulk-staged-x", False]
+    assert torch.equal(s1, s0) and float((y1.float() - y0.float()).norm() / y0.float().norm()) < 1e-2

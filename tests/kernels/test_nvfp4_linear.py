@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ninfer_pack.quant import quantize_nvfp4
-from tests.kernels.conftest import rounded_once
+from tests.kernels.conftest import rounded_once, within_one_rounding
 
 triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.gpu  # `pytest -m gpu`: compiled on a GPU, in Triton's interpreter elsewhere
@@ -242,12 +242,6 @@ def test_cuda_block_columns_persistent_blocks_walk_every_part():
                 assert rounded_once(out, k.reference(x, *w)), (pipeline, shape)
 
 
-def _within_one_rounding(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """bf16 `got` is `want` or a neighbour of it (one bf16 spacing at want's magnitude)."""
-    spacing = torch.ldexp(torch.ones_like(want, dtype=torch.float32), torch.frexp(want.float()).exponent - 8)
-    return bool(((got.float() - want.float()).abs() <= spacing).all())
-
-
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA C++ GEMV runs on a Hopper GPU")
 @pytest.mark.parametrize("offset", [1.0, 0.0])
 @pytest.mark.parametrize("residual", [True, False])
@@ -276,7 +270,7 @@ def test_cuda_norm_gemv_stages_the_layers_add_and_norm(offset, residual):
             total, normed, outs = cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, offset, tiled, normed=True,
                                                                  shape=shape, pipeline=pipeline)
             assert torch.equal(total, want_sum), (pipeline, shape)
-            assert _within_one_rounding(normed, want_normed), (pipeline, shape)
+            assert within_one_rounding(normed, want_normed), (pipeline, shape)
             for out, weight in zip(outs, weights):
                 assert rounded_once(out, k.reference(normed, *weight)), (pipeline, shape)
             _, none, again = cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, offset, tiled, shape=shape,
@@ -310,7 +304,7 @@ def test_cuda_norm_glu_is_silu_of_gate_times_up_of_the_normed_row(n, kk):
         total, normed, (out,) = cuda_ops.nvfp4_norm_gemv_group(x, h, w, 1e-6, 0.0, weights, normed=True, shape=shape,
                                                                pipeline="bulk-block-columns", glu=True)
         assert torch.equal(total, x + h), shape
-        assert _within_one_rounding(normed, layers.rms_norm_reference(x + h, w, 1e-6, 0.0)), shape
+        assert within_one_rounding(normed, layers.rms_norm_reference(x + h, w, 1e-6, 0.0)), shape
         assert out.shape == (1, n) and rounded_once(out, glu_of(normed)), shape
         (plain,) = cuda_ops.nvfp4_gemv_group(x, weights, shape, tiled=True, pipeline="bulk-block-columns", glu=True)
         assert rounded_once(plain, glu_of(x)), shape

@@ -116,7 +116,7 @@ void nvfp4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale
 
 void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
                     const c10::List<std::optional<at::Tensor>>& zero, at::TensorList y, int64_t warps, int64_t depth,
-                    bool tiled, bool pdl, int64_t pipeline, bool glu) {
+                    bool tiled, bool pdl, int64_t pipeline, bool glu, const NinferAddNorm* norm = nullptr) {
   require(scale.size() == q.size() && zero.size() == q.size(), "int4_gemv: as many scales and zeros as weights");
   std::vector<int> n;
   const char* q_shape = tiled ? "q: i32 [N/16, K/128, 256] (tiled)" : "q: i32 [N, K/8]";
@@ -151,7 +151,7 @@ void int4_gemv_body(const at::Tensor& x, at::TensorList q, at::TensorList scale,
   check_launch("int4_gemv",
                ninfer_int4_gemv_sm90(x.data_ptr(), static_cast<int>(n.size()), qp.data(), sp.data(), zp.data(),
                                      n.data(), yp.data(), M, K, warps, depth, tiled, pdl, static_cast<int>(pipeline),
-                                     glu, c10::cuda::getCurrentCUDAStream()),
+                                     glu, norm, c10::cuda::getCurrentCUDAStream()),
                warps, depth);
 }
 
@@ -162,20 +162,25 @@ std::string nvfp4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList sca
 
 // One row x [1, K] (bf16) and what NinferAddNorm takes: residual and the outputs [1, K] bf16 as x, weight
 // bf16 [K]; the outputs apart from x and residual (other blocks still read those while block 0 writes).
-void check_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
-                const std::optional<at::Tensor>& sum_out, const std::optional<at::Tensor>& normed_out) {
-  require(x.dim() == 2 && x.size(0) == 1, "nvfp4_norm_gemv: one row x [1, K]");
+// -> the norm the launch stages.
+NinferAddNorm checked_norm(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& residual,
+                           const at::Tensor& weight, const std::optional<at::Tensor>& sum_out,
+                           const std::optional<at::Tensor>& normed_out, double eps, double offset) {
+  require(x.dim() == 2 && x.size(0) == 1, op, ": one row x [1, K]");
   const auto like_x = [&x](const at::Tensor& t) {
     return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.numel() == x.numel() &&
            reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
   };
-  require(like_x(weight), "nvfp4_norm_gemv: weight bf16 [K], contiguous, 16-byte aligned");
+  require(like_x(weight), op, ": weight bf16 [K], contiguous, 16-byte aligned");
   for (const auto* t : {&residual, &sum_out, &normed_out})
-    require(!t->has_value() || like_x(**t), "nvfp4_norm_gemv: residual and outputs bf16 [1, K] as x, 16-byte aligned");
+    require(!t->has_value() || like_x(**t), op, ": residual and outputs bf16 [1, K] as x, 16-byte aligned");
   for (const auto* out : {&sum_out, &normed_out})
     require(!out->has_value() || ((*out)->data_ptr() != x.data_ptr() &&
                                   (!residual.has_value() || (*out)->data_ptr() != residual->data_ptr())),
-            "nvfp4_norm_gemv: the outputs must not be x or residual");
+            op, ": the outputs must not be x or residual");
+  const auto pointer = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; };
+  return {pointer(residual), weight.data_ptr(), pointer(sum_out), pointer(normed_out), static_cast<float>(eps),
+          static_cast<float>(offset)};
 }
 
 std::string nvfp4_norm_gemv(const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
@@ -183,11 +188,20 @@ std::string nvfp4_norm_gemv(const at::Tensor& x, const std::optional<at::Tensor>
                             double eps, double offset, at::TensorList q, at::TensorList scale, at::TensorList s2,
                             at::TensorList y, int64_t warps, int64_t depth, bool pdl, int64_t pipeline, bool glu) {
   return guarded([&] {
-    check_norm(x, residual, weight, sum_out, normed_out);
-    const auto pointer = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; };
-    const NinferAddNorm norm{pointer(residual), weight.data_ptr(), pointer(sum_out), pointer(normed_out),
-                             static_cast<float>(eps), static_cast<float>(offset)};
+    const NinferAddNorm norm = checked_norm("nvfp4_norm_gemv", x, residual, weight, sum_out, normed_out, eps, offset);
     nvfp4_gemv_body(x, q, scale, s2, y, warps, depth, true, pdl, pipeline, glu, &norm);
+  });
+}
+
+std::string int4_norm_gemv(const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& sum_out, const std::optional<at::Tensor>& normed_out,
+                           double eps, double offset, at::TensorList q, at::TensorList scale, at::TensorList y,
+                           int64_t warps, int64_t depth, bool pdl, int64_t pipeline, bool glu) {
+  return guarded([&] {
+    const NinferAddNorm norm = checked_norm("int4_norm_gemv", x, residual, weight, sum_out, normed_out, eps, offset);
+    c10::List<std::optional<at::Tensor>> zero;  // (tiled: the zero points are in the records)
+    for (size_t p = 0; p < q.size(); ++p) zero.push_back(std::nullopt);
+    int4_gemv_body(x, q, scale, zero, y, warps, depth, true, pdl, pipeline, glu, &norm);
   });
 }
 
@@ -201,7 +215,7 @@ std::string int4_gemv(const at::Tensor& x, at::TensorList q, at::TensorList scal
 
 // nvfp4_norm_gemv: nvfp4_gemv of one row in a block-columns pipeline (tiled; glu: bulk-block-columns) with x
 // first normalized as NinferAddNorm says (x + residual, its RMSNorm), the sum and the normed row written
-// where given.
+// where given; int4_norm_gemv likewise for tiled int4 in bulk-staged-x.
 // One launch for 1 to 3 weights that read the same x, each into its own y [M, N] -> "" or why not (guarded);
 // glu (tiled, the bulk pipelines): gate and up into one y = SiLU(x @ gate^T) * (x @ up^T).
 // pdl: launched as a programmatic dependent of the kernel before it; pipeline: how the NVFP4 GEMV streams
@@ -215,10 +229,14 @@ TORCH_LIBRARY(ninfer, m) {
         "bool pdl, int pipeline, bool glu) -> str");
   m.def("int4_gemv(Tensor x, Tensor[] q, Tensor[] scale, Tensor?[] zero, Tensor(a!)[] y, int warps, int depth, "
         "bool tiled, bool pdl, int pipeline, bool glu) -> str");
+  m.def("int4_norm_gemv(Tensor x, Tensor? residual, Tensor weight, Tensor(b!)? sum_out, Tensor(c!)? normed_out, "
+        "float eps, float offset, Tensor[] q, Tensor[] scale, Tensor(a!)[] y, int warps, int depth, "
+        "bool pdl, int pipeline, bool glu) -> str");
 }
 
 TORCH_LIBRARY_IMPL(ninfer, CUDA, m) {
   m.impl("nvfp4_gemv", &nvfp4_gemv);
   m.impl("nvfp4_norm_gemv", &nvfp4_norm_gemv);
   m.impl("int4_gemv", &int4_gemv);
+  m.impl("int4_norm_gemv", &int4_norm_gemv);
 }

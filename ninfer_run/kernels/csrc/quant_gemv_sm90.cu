@@ -561,10 +561,11 @@ __device__ __forceinline__ void sync_consumers() {
 // Nvfp4Columns' staging with norm.weight set (NinferAddNorm): x + residual, rounded as torch's bf16 add
 // (a float sum rounded once), its sum of squares over the block, then the normed row as
 // layers.rms_norm_reference rounds it (offset: normed * (offset + w) in float32, cast once; offset 0:
-// the cast normed times the weight, rounded), staged times 2^100. Every block computes the same row
-// (the same threads sum the same values in the same order); block 0 writes the sum and the normed row.
+// the cast normed times the weight, rounded), staged times 2^100 (kColumns; else as it is, for the row
+// form, and no zeros after it). Every block computes the same row (the same threads sum the same values in
+// the same order); block 0 writes the sum and the normed row.
 // kConsumers: the bulk pipelines' kWarps consumer warps stage it (their own barrier: the producer has left).
-template <int kWarps, bool kConsumers = false>
+template <int kWarps, bool kConsumers = false, bool kColumns = true>
 __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat16* __restrict__ x,
                                                const NinferAddNorm& norm, int K) {
   __shared__ float warp_squares[kWarps];
@@ -602,9 +603,9 @@ __device__ __forceinline__ void stage_add_norm(uint4* staged, const __nv_bfloat1
       return float2_bf16x2(__fmul_rn(fw.x, cast.x), __fmul_rn(fw.y, cast.y));
     });
     if (writer && norm.normed_out != nullptr) static_cast<uint4*>(norm.normed_out)[i] = y;
-    staged[i] = times_2_to_100(y);
+    staged[i] = kColumns ? times_2_to_100(y) : y;
   }
-  zeros_after(staged, K);
+  if constexpr (kColumns) zeros_after(staged, K);
 }
 
 struct PlainX {};  // a launch that stages x as it is (the other: NinferAddNorm)
@@ -921,8 +922,9 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kHighTokens ? 1 : (kWarps =
 // the 64 zero bytes, and each tile with ring-block-columns' arithmetic (with the barrier work, ~155 SASS
 // instructions a tile against the bulk row form's 174); Stage: x as it is (PlainX) or through the layer's add
 // + RMSNorm (NinferAddNorm, staged once a block, so a persistent grid pays it ~400 times a launch, not once a
-// strip). Otherwise (Int4Tiled) x as it is and the row form's arithmetic: a tile's x is two shared-memory
-// loads, not gemv_bulk's four through L1 (its scale is one a row a tile: no block-columns form applies).
+// strip). Otherwise (Int4Tiled) x as it is (or through the norm, unscaled) and the row form's arithmetic: a
+// tile's x is two shared-memory loads, not gemv_bulk's four through L1 (its scale is one a row a tile: no
+// block-columns form applies).
 // kGlu (gate and up of one N): a strip is gate's 16 rows, then up's, streamed one after the other, and the
 // block writes SiLU(gate) * up (write_rows): a one-row MLP is then two GEMVs back to back, each the next's
 // programmatic dependent (a kernel between them, norm or SiLU-mul, exposes the persistent grid's start and
@@ -954,12 +956,11 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, kWarps == 8 ? 3 : 5) gemv_b
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x is the previous kernel's output
   uint4* x_staged = reinterpret_cast<uint4*>(slots + kStages * (kCodes + kSides));
-  if constexpr (!Codec::kBlockColumns) {
-    static_assert(std::is_same_v<Stage, PlainX>, "the row form stages x as it is");
+  if constexpr (std::is_same_v<Stage, NinferAddNorm>) {
+    stage_add_norm<kWarps, true, Codec::kBlockColumns>(x_staged, x, stage, K);
+  } else if constexpr (!Codec::kBlockColumns) {
     const uint4* rows = reinterpret_cast<const uint4*>(x);
     for (int i = threadIdx.x; i < K / 8; i += kWarps * 32) x_staged[i] = __ldg(rows + i);
-  } else if constexpr (std::is_same_v<Stage, NinferAddNorm>) {
-    stage_add_norm<kWarps, true>(x_staged, x, stage, K);
   } else {
     stage_x_columns<kWarps * 32>(x_staged, x, K);
   }
@@ -1149,18 +1150,29 @@ cudaError_t launch_bulk_columns(const void* x, const Parts<Nvfp4::Args>& parts, 
 }
 
 // A bulk-staged-x launch (one row, the kernel walks the strips: glu, gate's) in bulk_shape's shapes (8 warps
-// and 4 slots, 4 and 8); x after the slots.
-template <class Codec, bool kGlu>
+// and 4 slots, 4 and 8); x (plain, or through the layer norm: Stage) after the slots.
+template <class Codec, class Stage, bool kGlu>
 cudaError_t dispatch_bulk_staged(const void* x, const Parts<typename Codec::Args>& parts, int strips, int K, int warps,
-                                 int depth, bool pdl, cudaStream_t stream) {
+                                 int depth, bool pdl, const Stage& stage, cudaStream_t stream) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   switch (warps * 10 + depth) {
-    case 48: return launch_persistent_bulk<4, gemv_bulk_persistent<Codec, 4, 8, PlainX, kGlu>>(
-        bulk_shared_bytes<Codec, 4, 8>(), K * 2, strips, pdl, stream, xb, parts, 1, K, PlainX{});
-    case 84: return launch_persistent_bulk<8, gemv_bulk_persistent<Codec, 8, 4, PlainX, kGlu>>(
-        bulk_shared_bytes<Codec, 8, 4>(), K * 2, strips, pdl, stream, xb, parts, 1, K, PlainX{});
+    case 48: return launch_persistent_bulk<4, gemv_bulk_persistent<Codec, 4, 8, Stage, kGlu>>(
+        bulk_shared_bytes<Codec, 4, 8>(), K * 2, strips, pdl, stream, xb, parts, 1, K, stage);
+    case 84: return launch_persistent_bulk<8, gemv_bulk_persistent<Codec, 8, 4, Stage, kGlu>>(
+        bulk_shared_bytes<Codec, 8, 4>(), K * 2, strips, pdl, stream, xb, parts, 1, K, stage);
     default: return cudaErrorInvalidValue;
   }
+}
+
+// bulk-staged-x at one row: the stage (norm or not) and glu as the kernel's template arguments.
+template <class Codec>
+cudaError_t dispatch_bulk_staged(const void* x, const Parts<typename Codec::Args>& parts, int blocks, int K, int warps,
+                                 int depth, bool pdl, bool glu, const NinferAddNorm* norm, cudaStream_t stream) {
+  if (norm != nullptr)
+    return glu ? dispatch_bulk_staged<Codec, NinferAddNorm, true>(x, parts, blocks / 2, K, warps, depth, pdl, *norm, stream)
+               : dispatch_bulk_staged<Codec, NinferAddNorm, false>(x, parts, blocks, K, warps, depth, pdl, *norm, stream);
+  return glu ? dispatch_bulk_staged<Codec, PlainX, true>(x, parts, blocks / 2, K, warps, depth, pdl, PlainX{}, stream)
+             : dispatch_bulk_staged<Codec, PlainX, false>(x, parts, blocks, K, warps, depth, pdl, PlainX{}, stream);
 }
 
 // The bulk pipeline's (consumer warps, slots) in {(4, 4), (4, 8), (8, 2), (8, 4), (8, 8)}; blocks: the
@@ -1279,14 +1291,16 @@ int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const
 
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream) {
+                          bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
+                          cudaStream_t stream) {
   using ninfer_sm90::Int4;
   using ninfer_sm90::Int4Tiled;
   // (the bulk ones: tiled, K % 256 == 0, Int4Tiled::kSideBytes; bulk-staged-x at more rows: bulk's)
   const bool bulk = pipeline == ninfer_sm90::kBulk || pipeline == ninfer_sm90::kBulkStagedX;
   if (count < 1 || count > ninfer_sm90::kMaxParts || pipeline == ninfer_sm90::kRingBlockColumns ||
       pipeline == ninfer_sm90::kBulkBlockColumns || (!tiled && pipeline != ninfer_sm90::kRing) ||
-      (bulk && K % 256 != 0) || (glu && (count != 2 || n[0] != n[1] || !bulk)))
+      (bulk && K % 256 != 0) || (glu && (count != 2 || n[0] != n[1] || !bulk)) ||
+      (norm != nullptr && (!tiled || M != 1 || pipeline != ninfer_sm90::kBulkStagedX || norm->weight == nullptr)))
     return static_cast<int>(cudaErrorInvalidValue);
   Int4::Args args[ninfer_sm90::kMaxParts];
   for (int p = 0; p < count; ++p)
@@ -1295,8 +1309,7 @@ int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const 
   const int blocks = ninfer_sm90::make_parts(parts, count, q, args, y, glu ? 1 : count, n);
   cudaError_t err;
   if (pipeline == ninfer_sm90::kBulkStagedX && M == 1)
-    err = glu ? ninfer_sm90::dispatch_bulk_staged<Int4Tiled, true>(x, parts, blocks / 2, K, warps, depth, pdl, stream)
-              : ninfer_sm90::dispatch_bulk_staged<Int4Tiled, false>(x, parts, blocks, K, warps, depth, pdl, stream);
+    err = ninfer_sm90::dispatch_bulk_staged<Int4Tiled>(x, parts, blocks, K, warps, depth, pdl, glu, norm, stream);
   else if (bulk)
     err = glu ? ninfer_sm90::dispatch_bulk<Int4Tiled, true>(x, parts, blocks / 2, M, K, warps, depth, pdl, stream)
               : ninfer_sm90::dispatch_bulk<Int4Tiled, false>(x, parts, blocks, M, K, warps, depth, pdl, stream);

@@ -12,7 +12,7 @@ namespace ninfer_sm90 {
 enum Pipeline { kRing = 0, kRingStagedX = 1, kBulk = 2, kRingBlockColumns = 3, kBulkBlockColumns = 4, kBulkStagedX = 5 };
 }  // namespace ninfer_sm90
 
-// The RMSNorm a one-token block-columns launch (ring or bulk) applies to x as it stages it, so a layer's residual
+// The RMSNorm a one-token block-columns launch (ring or bulk; int4's bulk-staged-x) applies to x as it stages it, so a layer's residual
 // add and norm need no kernel of their own before its first projection: the GEMV's x is
 // RMSNorm(x + residual) * (offset + weight) (offset 0: weight times the rounded norm), rounded as
 // layers.rms_norm_reference rounds. Block 0 also writes the sum and the normed row where asked.
@@ -28,12 +28,13 @@ struct NinferAddNorm {
 // (cudaErrorInvalidValue for a (warps, depth) combination that is not built, or a pipeline the layout has
 // not: staged x is the tiled layouts', bulk copies the tiled ones' (int4's where K % 256 == 0), block columns
 // tiled NVFP4's). glu (the bulk pipelines): two weights of one N (gate, up) -> y[0] = SiLU(x @ gate^T) *
-// (x @ up^T) [M, N]. norm (nullptr: none): see NinferAddNorm; tiled NVFP4, M = 1, the block-columns
-// pipelines only (with glu: bulk-block-columns).
+// (x @ up^T) [M, N]. norm (nullptr: none): see NinferAddNorm; M = 1, tiled NVFP4 in the block-columns
+// pipelines (with glu: bulk-block-columns), tiled int4 in bulk-staged-x.
 int ninfer_nvfp4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                            const float* const* s2, const int* n, void* const* y, int M, int K, int warps,
                            int depth, bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
                            cudaStream_t stream);
 int ninfer_int4_gemv_sm90(const void* x, int count, const void* const* q, const void* const* scale,
                           const void* const* zero, const int* n, void* const* y, int M, int K, int warps, int depth,
-                          bool tiled, bool pdl, int pipeline, bool glu, cudaStream_t stream);
+                          bool tiled, bool pdl, int pipeline, bool glu, const NinferAddNorm* norm,
+                          cudaStream_t stream);
