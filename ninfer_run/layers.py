@@ -176,9 +176,8 @@ def linear_group(x: torch.Tensor, weights: list) -> list[torch.Tensor]:
 
 
 def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
-    """down(SiLU(gate(x)) * up(x)); where a bulk GEMV takes the rows (NVFP4, or int4 in cuda_ops.INT4_PIPELINE
-    bulk), gate, up and the activation
-    are one launch (kernels/linear.py, glu), else silu_mul of the two."""
+    """down(SiLU(gate(x)) * up(x)); where a bulk GEMV takes the rows (NVFP4, or int4 in cuda_ops.INT4_BULK),
+    gate, up and the activation are one launch (kernels/linear.py, glu), else silu_mul of the two."""
     fused = _one_launch(x, [gate, up], glu=True)
     return linear(fused[0] if fused is not None else silu_mul(*linear_group(x, [gate, up])), down)
 

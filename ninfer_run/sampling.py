@@ -108,9 +108,14 @@ def top_k_candidates(logits: torch.Tensor, params: SamplingParams) -> tuple[torc
     distribution as the full computation (softmax is monotone, so the k-th probability is the k-th logit's; the
     normalisation cancels in the top-p rule; ties in token order in both) - except where more than TOP_K_TIES
     logits tie with the k-th, whose excess ties are left out."""
-    values, index = torch.topk(logits.float(), min(params.top_k + TOP_K_TIES, logits.shape[-1]), dim=-1)
+    values, index = torch.topk(logits.float(), _candidates(params, logits.shape[-1]), dim=-1)
     index, order = torch.sort(index, dim=-1)  # token order, as over the whole vocabulary (ties, the CDF)
     return index, _restricted(torch.softmax(values.gather(-1, order) / params.temperature, dim=-1), params)
+
+
+def _candidates(params: SamplingParams, vocab: int) -> int:
+    """How many of a top-k row's highest logits it draws from: k and TOP_K_TIES more, at most the vocabulary."""
+    return min(params.top_k + TOP_K_TIES, vocab)
 
 
 def sampled_probs(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -125,10 +130,10 @@ def draw_sampled(logits: torch.Tensor, params: SamplingParams, generators: list[
     for a seed the same token either way (the CDF runs in token order over the candidates, as over the
     vocabulary). On CUDA a top-k setting's draw after the vocabulary's top-k is one kernel
     (kernels/sample_draw.py; this torch path is its reference)."""
-    candidates = min(params.top_k + TOP_K_TIES, logits.shape[-1])
     if params.top_k and logits.is_cuda and FUSED_DRAW:
         from .kernels import sample_draw
 
+        candidates = _candidates(params, logits.shape[-1])
         if sample_draw.fits(candidates):
             values, index = torch.topk(logits, candidates, dim=-1)
             return sample_draw.draw(values.float(), index, _uniforms(logits.device, generators), params.temperature,

@@ -300,9 +300,24 @@ def norm_gemv_fits(x: torch.Tensor, weights: list[tuple], norm_weight: torch.Ten
         return False
     warps, depth = nvfp4_shape(pipeline, sum(rows), k, x.device)
     if pipeline == "bulk-block-columns":
-        partial_bytes = 512 * warps * (2 if glu else 1)
-        return depth * warps * (1024 + 128) + 2 * k + 64 + partial_bytes + 4 * warps + 128 <= 227 * 1024
+        return _persistent_bulk_fits(warps, depth, 128, 2 * k + 64, glu)
     return 2 * k + 64 + 516 * warps <= 48 * 1024
+
+
+def _persistent_bulk_fits(warps: int, depth: int, side_bytes: int, x_bytes: int, glu: bool) -> bool:
+    """Whether a persistent bulk block's slots (depth x warps tiles of 1 KB of codes and side_bytes of scales
+    or records), its staged x, partial sums (glu: gate's and up's) and warp sums fit the 227 KB a Hopper block
+    can opt in to (csrc launch_persistent_bulk)."""
+    partial_bytes = 512 * warps * (2 if glu else 1)
+    return depth * warps * (1024 + side_bytes) + x_bytes + partial_bytes + 4 * warps + 128 <= 227 * 1024
+
+
+def _norm_outputs(x: torch.Tensor, residual: torch.Tensor | None, normed: bool, rows: list[int],
+                  glu: bool) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+    """A one-row norm launch's outputs: the sum (x itself with no residual), the normed row where asked, and
+    each weight's y (glu: one)."""
+    s = torch.empty_like(x) if residual is not None else x
+    return s, torch.empty_like(x) if normed else None, _outputs(x, rows[:1] if glu else rows)
 
 
 def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -319,9 +334,7 @@ def nvfp4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_w
         raise ValueError(f"a staged norm in {NORM_PIPELINES} (glu: gate and up in bulk-block-columns), "
                          f"not {len(weights)} weights in {pipeline!r}")
     rows = [q.shape[0] * 16 for q, _, _ in weights]
-    ys = _outputs(x, rows[:1] if glu else rows)
-    s = torch.empty_like(x) if residual is not None else x
-    y = torch.empty_like(x) if normed else None
+    s, y, ys = _norm_outputs(x, residual, normed, rows, glu)
     shape = shape or nvfp4_shape(pipeline, sum(rows), x.shape[1], x.device)
     _raise_refusal(torch.ops.ninfer.nvfp4_norm_gemv(
         x.contiguous(), residual.contiguous() if residual is not None else None, norm_weight.contiguous(),
@@ -390,9 +403,7 @@ def int4_norm_gemv_fits(x: torch.Tensor, rows: list[int], norm_weight: torch.Ten
         return False
     if glu and (len(rows) != 2 or rows[0] != rows[1]):
         return False
-    warps, depth = bulk_shape(k)
-    partial_bytes = 512 * warps * (2 if glu else 1)
-    return depth * warps * (1024 + 40) + 2 * k + partial_bytes + 4 * warps + 128 <= 227 * 1024
+    return _persistent_bulk_fits(*bulk_shape(k), 40, 2 * k, glu)
 
 
 def int4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -403,10 +414,7 @@ def int4_norm_gemv_group(x: torch.Tensor, residual: torch.Tensor | None, norm_we
     launch whose blocks stage the normed row themselves; `glu`: gate and up -> [SiLU(gate) * up]."""
     if glu and len(weights) != 2:
         raise ValueError(f"glu: gate and up, not {len(weights)} weights")
-    rows = [q.shape[0] * 16 for q, _, _ in weights]
-    ys = _outputs(x, rows[:1] if glu else rows)
-    s = torch.empty_like(x) if residual is not None else x
-    y = torch.empty_like(x) if normed else None
+    s, y, ys = _norm_outputs(x, residual, normed, [q.shape[0] * 16 for q, _, _ in weights], glu)
     shape = shape or bulk_shape(x.shape[1])
     _raise_refusal(torch.ops.ninfer.int4_norm_gemv(
         x.contiguous(), residual.contiguous() if residual is not None else None, norm_weight.contiguous(),

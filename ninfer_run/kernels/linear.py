@@ -72,7 +72,7 @@ class QuantizedLinear:
         one launch instead of three; None where they cannot share one (more rows than a GEMV takes, a
         plain tensor among them, a weight the CUDA kernels do not read). `glu`: weights are gate and up
         of one shape -> [SiLU(x @ gate^T) * (x @ up^T)] from the kernel's float32 sums, where the launch of
-        these rows writes it (cuda_ops.uses_glu, int4_uses_glu), else None."""
+        these rows writes it (_writes_glu), else None."""
         lead, k = x.shape[:-1], x.shape[-1]
         if not x.is_cuda or x.numel() // k > GEMV_MAX_ROWS or len(weights) > MAX_GROUP:
             return None
@@ -81,17 +81,15 @@ class QuantizedLinear:
         if len(kernels) != 1 or None in kernels:
             return None
         mlp = weights[0].mlp
-        if glu and (len(weights) != 2 or weights[0].shape != weights[1].shape or not (
-                cuda_ops.uses_glu(x2.shape[0], mlp) if kernels == {"nvfp4"}
-                else kernels == {"int4-tiled"} and cuda_ops.int4_uses_glu(k))):
+        if glu and (len(weights) != 2 or weights[0].shape != weights[1].shape
+                    or not QuantizedLinear._writes_glu(kernels, x2.shape[0], k, mlp)):
             return None
         x2 = x2.to(torch.bfloat16)  # (the tiled NVFP4 kernel takes any rows as bf16; results are cast back)
         if kernels == {"nvfp4"}:
             ys = cuda_ops.nvfp4_gemv_group(x2, [w._nvfp4_parts() for w in weights], tiled=True, glu=glu,
                                            pipeline=cuda_ops.pipeline_for(rows=x2.shape[0], mlp=mlp))
         else:
-            ys = cuda_ops.int4_gemv_group(x2, [(w.parts["qweight"], w.parts["scale"], w.parts.get("zero_point"))
-                                               for w in weights], tiled=weights[0].tiled, glu=glu)
+            ys = cuda_ops.int4_gemv_group(x2, [w._int4_parts() for w in weights], tiled=weights[0].tiled, glu=glu)
         return [y.to(x.dtype).reshape(*lead, w.shape[0]) for y, w in zip(ys, weights)]
 
     @staticmethod
@@ -100,27 +98,25 @@ class QuantizedLinear:
         """layers.add_rms_norm_linear_group as one launch: (x + residual, its RMSNorm if `normed`, that norm
         @ W^T for each weight) where the one-row GEMV stages the norm itself (cuda_ops.norm_gemv_fits: tiled
         NVFP4; int4_norm_gemv_fits: tiled int4 in bulk-staged-x), else None. `glu`: weights are gate and up ->
-        [SiLU(gate) * up] as the outputs, where the launch writes it (cuda_ops.uses_glu), else None."""
+        [SiLU(gate) * up] as the outputs, where the launch writes it (_writes_glu), else None."""
         k = x.shape[-1]
         if (not x.is_cuda or x.numel() != k or len(weights) > MAX_GROUP or x.dtype != torch.bfloat16
                 or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype))):
             return None
         x2 = x.reshape(1, k)
         kernels = {w._cuda_gemv(x2) if isinstance(w, QuantizedLinear) else None for w in weights}
-        h = residual.reshape(1, k) if residual is not None else None
-        if kernels == {"int4-tiled"}:
-            rows = [w.shape[0] for w in weights]
-            if (glu and not cuda_ops.int4_uses_glu(k)) or not cuda_ops.int4_norm_gemv_fits(x2, rows, norm_weight, glu=glu):
-                return None
-            s, y, ys = cuda_ops.int4_norm_gemv_group(x2, h, norm_weight, eps, offset,
-                                                     [(w.parts["qweight"], w.parts["scale"], None) for w in weights],
-                                                     normed=normed, glu=glu)
-            return QuantizedLinear._shaped(x, s, y, ys, weights)
-        if kernels != {"nvfp4"}:
+        if kernels not in ({"nvfp4"}, {"int4-tiled"}):
             return None
         mlp = weights[0].mlp
-        if glu and not cuda_ops.uses_glu(1, mlp):
+        if glu and not QuantizedLinear._writes_glu(kernels, 1, k, mlp):
             return None
+        h = residual.reshape(1, k) if residual is not None else None
+        if kernels == {"int4-tiled"}:
+            if not cuda_ops.int4_norm_gemv_fits(x2, [w.shape[0] for w in weights], norm_weight, glu=glu):
+                return None
+            s, y, ys = cuda_ops.int4_norm_gemv_group(x2, h, norm_weight, eps, offset, [w._int4_parts() for w in weights],
+                                                     normed=normed, glu=glu)
+            return QuantizedLinear._shaped(x, s, y, ys, weights)
         parts = [w._nvfp4_parts() for w in weights]
         pipeline = cuda_ops.pipeline_for(mlp=mlp)
         if not cuda_ops.norm_gemv_fits(x2, parts, norm_weight, glu=glu, pipeline=pipeline):
@@ -135,9 +131,21 @@ class QuantizedLinear:
         return (s.view(x.shape), y.view(x.shape) if y is not None else None,
                 [out.reshape(*x.shape[:-1], w.shape[0]) for out, w in zip(ys, weights)])
 
+    @staticmethod
+    def _writes_glu(kernels: set, rows: int, k: int, mlp: bool) -> bool:
+        """Whether the launch of gate and up whose kernel is `kernels` ({"nvfp4"} or {"int4-tiled"}), of `rows`
+        rows of K, writes SiLU(gate) * up itself (cuda_ops.uses_glu, int4_uses_glu)."""
+        if kernels == {"nvfp4"}:
+            return cuda_ops.uses_glu(rows, mlp)
+        return kernels == {"int4-tiled"} and cuda_ops.int4_uses_glu(k)
+
     def _nvfp4_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qweight, block_scale, global_scale), as cuda_ops' NVFP4 GEMVs take a weight."""
         return self.parts["qweight"], self.parts["block_scale"], self.parts["global_scale"]
+
+    def _int4_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(qweight, scale, zero_point), as cuda_ops' int4 GEMVs take a weight (tiled: codes, records, None)."""
+        return self.parts["qweight"], self.parts["scale"], self.parts.get("zero_point")
 
     def _cuda_gemv(self, x: torch.Tensor) -> str | None:
         """Which CUDA GEMV takes these (<= 16) rows: "nvfp4" or "int4-tiled" (the tiled layouts: the shape
